@@ -1,0 +1,313 @@
+"""Term -> Triton kernel source.
+
+Every value is a tile over some of the kernel's tile axes (row, loop, column, in-tile reduction axes), kept in
+one canonical axis order and broadcast with None-indexing. A value is emitted once, in the earliest block it
+can live in: the prologue (no loop axis, no loop reduction), the block before a pass (reads finished
+reductions only) or the loop body. Reductions over the loop axis are loop-carried states; a rolled one is
+updated as  state = f(repair(state), block)  where the repair is an ordinary term: `acc` reads the state,
+`prev` reads the states as they were when the block began.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from neptune_eqsat import ir
+from neptune_eqsat.ir import Term
+from neptune_eqsat.schedule import Schedule
+from neptune_eqsat.spec import SpecError
+
+from . import masks
+
+TL_DTYPE = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32", "f64": "tl.float64"}
+UNARY_CODE = {
+    "neg": "-({})", "exp": "tl.exp({})", "log": "tl.log({})", "sqrt": "tl.sqrt({})", "abs": "tl.abs({})",
+    "recip": "(1.0 / {})", "not": "({} == 0)",
+    "tanh": "(2.0 * tl.sigmoid(2.0 * {}) - 1.0)",
+    "finite_or_zero": "tl.where(tl.abs({0}) < float('inf'), {0}, 0.0)",
+    "exp_or_zero": "tl.where(tl.exp({0}) < float('inf'), tl.exp({0}), 0.0)",
+}
+BINARY_CODE = {
+    "add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} / {})",
+    "max": "tl.maximum({}, {})", "min": "tl.minimum({}, {})", "lt": "({} < {})", "le": "({} <= {})",
+    "gt": "({} > {})", "ge": "({} >= {})", "eq": "({} == {})", "ne": "({} != {})", "and": "({} & {})",
+    "or": "({} | {})", "floordiv": "({} // {})", "mod": "({} % {})",
+}
+IDENTITY_CODE = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}
+
+
+@dataclass
+class Val:
+    code: str
+    axes: tuple[str, ...]   # tile axes, canonical order
+    dtype: str              # f16, bf16, f32, int, bool
+
+
+@dataclass
+class Context:
+    body: str                          # block for values that vary per block or read running states
+    pre: str                           # block for values that only read finished reductions
+    complete: set = field(default_factory=set)
+    running: set = field(default_factory=set)
+    masked: bool = True
+    acc: Val | None = None
+
+
+def pow2(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())
+
+
+class KernelWriter:
+    def __init__(self, sched: Schedule, name: str):
+        self.s, self.spec, self.name = sched, sched.spec, name
+        self.loop, self.row, self.col = sched.loop, sched.row, sched.col
+        self.tile_axes = [a for a in (self.row, self.loop, self.col) if a] + list(sched.inner)
+        self.blocks: dict[str, list[str]] = defaultdict(list)
+        self.cache: dict[tuple, Val] = {}
+        self.state: dict[Term, Val] = {}
+        self.ctx = Context("prologue", "prologue")
+        self.n = 0
+        self.masked_wheres = set(masks.mask_wheres(sched.term, self.loop)) if self.loop else set()
+        self.dims = sorted({t.attrs[0] for t in ir.walk(sched.term) if t.op == "dim"} |
+                           {e.name for e in self._extents() if not isinstance(e, int)})
+
+    # ---- names ----------------------------------------------------------------------------------------------
+    def _extents(self):
+        return [self.spec.extent(a) for a in self.spec.axes_]
+
+    def ext(self, ax: str) -> str:
+        e = self.spec.extent(ax)
+        return str(e) if isinstance(e, int) else e.name
+
+    def block(self, ax: str) -> str:
+        if ax in (self.row, self.loop):
+            return f"BLOCK_{ax.upper()}"
+        return str(pow2(self.spec.extent(ax)))
+
+    def padded(self, ax: str) -> bool:
+        """Does the tile of ax run past the axis's extent (so its lanes need a bound check)?"""
+        if ax in (self.row, self.loop):
+            return True
+        return pow2(self.spec.extent(ax)) != self.spec.extent(ax)
+
+    def fresh(self, stem: str = "t") -> str:
+        self.n += 1
+        return f"{stem}{self.n}"
+
+    def put(self, block: str, code: str, stem: str = "t") -> str:
+        var = self.fresh(stem)
+        self.blocks[block].append(f"{var} = {code}")
+        return var
+
+    # ---- placement ------------------------------------------------------------------------------------------
+    def loop_refs(self, t: Term) -> list[Term]:
+        return [x for x in ir.walk(t) if ir.is_reduction(x) and x.attrs[1] == self.loop]
+
+    def home(self, t: Term) -> str:
+        if self.loop is None:
+            return self.ctx.body
+        if self.loop in t.free or any(x.op == "acc" for x in ir.walk(t)):
+            return self.ctx.body
+        refs = self.loop_refs(t)
+        if not refs:
+            return "prologue"
+        if all(r in self.ctx.complete for r in refs):
+            return self.ctx.pre
+        return self.ctx.body
+
+    # ---- values ---------------------------------------------------------------------------------------------
+    def canon(self, axes) -> tuple[str, ...]:
+        return tuple(a for a in self.tile_axes if a in axes)
+
+    def expand(self, v: Val, axes: tuple[str, ...]) -> str:
+        if v.axes == axes or not v.axes:
+            return v.code
+        return f"{v.code}[{', '.join(':' if a in v.axes else 'None' for a in axes)}]"
+
+    def as_float(self, v: Val) -> Val:
+        return Val(f"{v.code}.to(tl.float32)", v.axes, "f32") if v.dtype in ("f16", "bf16") else v
+
+    def emit(self, t: Term, prev: bool = False) -> Val:
+        where_ = self.home(t)
+        prev = prev and any(r in self.ctx.running for r in self.loop_refs(t))
+        acc = self.ctx.acc.code if self.ctx.acc is not None and any(x.op == "acc" for x in ir.walk(t)) else None
+        key = (where_, t, prev, acc)
+        if key not in self.cache:
+            saved = self.ctx.body
+            self.cache[key] = self._emit(t, prev, where_)
+            self.ctx.body = saved
+        return self.cache[key]
+
+    def _emit(self, t: Term, prev: bool, blk: str) -> Val:
+        op, at, ar = t.op, t.attrs, t.args
+        if op == "axis":
+            a = at[0]
+            return Val(f"offs_{a}", (a,), "int") if a in self.tile_axes else Val(a, (), "int")
+        if op == "dim":
+            return Val(at[0], (), "int")
+        if op == "const":
+            v = at[0]
+            if math.isinf(v):
+                return Val(f"float('{'-' if v < 0 else ''}inf')", (), "f32")
+            return Val(str(int(v)), (), "int") if v == int(v) and abs(v) < 2**31 else Val(repr(v), (), "f32")
+        if op == "load":
+            return self.load(t, self.canon(t.free), blk)
+        if op == "acc":
+            return self.ctx.acc
+        if op == "prev":
+            return self.emit(ar[0], prev=True)
+        if op == "cast":
+            x = self.emit(ar[0], prev)
+            return Val(self.put(blk, f"{x.code}.to({TL_DTYPE[at[0]]})"), x.axes, at[0])
+        if op == "un":
+            x = self.emit(ar[0], prev)
+            x = self.as_float(x) if at[0] not in ("neg", "not") else x
+            dt = "bool" if at[0] == "not" else ("int" if x.dtype == "int" and at[0] == "neg" else "f32")
+            return Val(self.put(blk, UNARY_CODE[at[0]].format(x.code)), x.axes, dt)
+        if op == "bin":
+            return self.binary(at[0], [self.emit(a, prev) for a in ar], blk)
+        if op == "where":
+            if t in self.masked_wheres and not self.ctx.masked:
+                return self.emit(ar[1], prev)          # inside the mask for every element of this block
+            c, a, b = (self.emit(x, prev) for x in ar)
+            axes = self.canon(set(c.axes) | set(a.axes) | set(b.axes))
+            a, b = self.as_float(a), self.as_float(b)
+            code = f"tl.where({self.expand(c, axes)}, {self.expand(a, axes)}, {self.expand(b, axes)})"
+            return Val(self.put(blk, code), axes, "f32")
+        if op in ("red", "roll"):
+            if at[1] == self.loop:
+                if t not in self.state:
+                    raise SpecError(f"internal: reduction {ir.show(t)} read before it is scheduled")
+                st = self.state[t]
+                if prev and t in self.ctx.running:
+                    return Val(f"{st.code}_prev", st.axes, st.dtype)
+                return st
+            return self.inner_reduction(t, prev, blk)
+        raise SpecError(f"cannot generate code for {op}")
+
+    def binary(self, fn: str, xs: list[Val], blk: str) -> Val:
+        axes = self.canon(set(xs[0].axes) | set(xs[1].axes))
+        ints = all(x.dtype in ("int", "bool") for x in xs)
+        if not ints and fn not in ir.LOGIC:
+            xs = [self.as_float(x) for x in xs]
+        code = BINARY_CODE[fn].format(*(self.expand(x, axes) for x in xs))
+        dt = "bool" if fn in ir.COMPARE + ir.LOGIC else ("int" if ints else "f32")
+        if not axes:
+            return Val(code, (), dt)
+        return Val(self.put(blk, code), axes, dt)
+
+    def load(self, t: Term, order: tuple[str, ...], blk: str) -> Val:
+        key = ("load", t, order, blk)
+        if key in self.cache:
+            return self.cache[key]
+        name = t.attrs[0]
+        parts = [f"{name}_ptr"]
+        for pos, idx in enumerate(t.args):
+            iv = self.emit(idx)
+            parts.append(f"{self.expand(iv, order)} * {name}_s{pos}" if iv.axes else f"{iv.code} * {name}_s{pos}")
+        checks = []
+        for a in order:
+            if a == self.loop and not self.ctx.masked and blk == self.ctx.body:
+                continue
+            if self.padded(a):
+                checks.append(self.expand(Val(f"valid_{a}", (a,), "bool"), order))
+        mask = f", mask={' & '.join(checks)}, other=0.0" if checks else ""
+        v = Val(self.put(blk, f"tl.load({' + '.join(parts)}{mask})", "ld"), order, self.spec.inputs[name].dtype)
+        self.cache[key] = v
+        return v
+
+    def ordered(self, t: Term, order: tuple[str, ...], prev: bool) -> Val:
+        """t's tile in a given axis order (for dot operands)."""
+        if t.op == "load":
+            return self.load(t, order, self.home(t))
+        v = self.emit(t, prev)
+        if v.axes == order:
+            return v
+        return Val(self.put(self.home(t), f"tl.trans({v.code})"), order, v.dtype)
+
+    def contraction(self, body: Term, k: str):
+        """(A, B, X, Y) when sum_k body is a matrix product A[X, k] @ B[k, Y] of tiles."""
+        if body.op != "bin" or body.attrs[0] != "mul":
+            return None
+        tiles = set(self.tile_axes)
+        for a, b in (body.args, body.args[::-1]):
+            fa, fb = (a.free & tiles) - {k}, (b.free & tiles) - {k}
+            if k in a.free and k in b.free and len(fa) == 1 and len(fb) == 1 and fa != fb:
+                return a, b, next(iter(fa)), next(iter(fb))
+        return None
+
+    def dot_operands(self, body: Term, k: str, prev: bool, zero_invalid: bool):
+        a, b, x, y = self.contraction(body, k)
+        va, vb = self.ordered(a, (x, k), prev), self.ordered(b, (k, y), prev)
+        if zero_invalid:
+            va = Val(self.put(self.ctx.body, f"tl.where(valid_{k}[None, :], {va.code}, 0.0)"), va.axes, va.dtype)
+        if va.dtype != vb.dtype or va.dtype not in ("f16", "bf16"):
+            va, vb = self.as_float(va), self.as_float(vb)
+            return va, vb, x, y, ', input_precision="ieee"'
+        return va, vb, x, y, ""
+
+    def inner_reduction(self, t: Term, prev: bool, blk: str) -> Val:
+        reducer, k = t.attrs
+        body = t.args[0]
+        if reducer == "sum" and self.contraction(body, k):
+            va, vb, x, y, prec = self.dot_operands(body, k, prev, zero_invalid=False)
+            v = Val(self.put(blk, f"tl.dot({va.code}, {vb.code}{prec})"), (x, y), "f32")
+            return self.reorder(v, blk)
+        x = self.as_float(self.emit(body, prev))
+        if k not in x.axes:
+            raise SpecError(f"{ir.show(t)}: the reduced value does not vary along {k}")
+        if self.padded(k):
+            x = Val(self.put(blk, f"tl.where({self.expand(Val(f'valid_{k}', (k,), 'bool'), x.axes)}, {x.code}, "
+                                  f"{IDENTITY_CODE[reducer]})"), x.axes, "f32")
+        fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[reducer]
+        rest = tuple(a for a in x.axes if a != k)
+        return Val(self.put(blk, f"{fn}({x.code}, axis={x.axes.index(k)})"), rest, "f32")
+
+    def reorder(self, v: Val, blk: str) -> Val:
+        want = self.canon(v.axes)
+        if want == v.axes:
+            return v
+        return Val(self.put(blk, f"tl.trans({v.code})"), want, v.dtype)
+
+    # ---- reductions over the loop axis ----------------------------------------------------------------------
+    def state_axes(self, r: Term) -> tuple[str, ...]:
+        return self.canon(r.free & set(self.tile_axes))
+
+    def init_state(self, r: Term, block: str) -> None:
+        axes = self.state_axes(r)
+        var = self.fresh("r")
+        shape = ", ".join(self.block(a) for a in axes)
+        self.blocks[block].append(f"{var} = tl.full([{shape}], {IDENTITY_CODE[r.attrs[0]]}, tl.float32)"
+                                  f"  # {ir.show(r)[:90]}")
+        self.state[r] = Val(var, axes, "f32")
+
+    def update(self, r: Term) -> None:
+        """state = f(repair(state), reduce of this block)."""
+        reducer, k = r.attrs
+        body, blk = r.args[0], self.ctx.body
+        st = self.state[r]
+        cur = st
+        if r.op == "roll":
+            self.ctx.acc = st
+            rep = self.emit(r.args[1])
+            self.ctx.acc = None
+            cur = Val(self.expand(rep, st.axes), st.axes, "f32") if rep.axes != st.axes else rep
+        if reducer == "sum" and self.contraction(body, k):
+            va, vb, x, y, prec = self.dot_operands(body, k, False, zero_invalid=self.ctx.masked)
+            if (x, y) != st.axes:
+                raise SpecError(f"{ir.show(r)}: product layout {(x, y)} does not match its result {st.axes}")
+            self.blocks[blk].append(f"{st.code} = tl.dot({va.code}, {vb.code}, {cur.code}{prec})")
+            return
+        x = self.as_float(self.emit(body))
+        if k not in x.axes:
+            raise SpecError(f"{ir.show(r)}: the reduced value does not vary along {k}")
+        if self.ctx.masked:
+            x = Val(self.put(blk, f"tl.where({self.expand(Val(f'valid_{k}', (k,), 'bool'), x.axes)}, {x.code}, "
+                                  f"{IDENTITY_CODE[reducer]})"), x.axes, "f32")
+        fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[reducer]
+        part = Val(f"{fn}({x.code}, axis={x.axes.index(k)})", tuple(a for a in x.axes if a != k), "f32")
+        if part.axes != st.axes:
+            raise SpecError(f"{ir.show(r)}: block result {part.axes} does not match its state {st.axes}")
+        combine = {"sum": "{} + {}", "max": "tl.maximum({}, {})", "min": "tl.minimum({}, {})"}[reducer]
+        self.blocks[blk].append(f"{st.code} = {combine.format(cur.code, part.code)}")

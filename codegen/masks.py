@@ -1,0 +1,204 @@
+"""Index predicates (where(i >= j, s, -inf) and the like) turned into loop bounds.
+
+A predicate that is a conjunction of linear comparisons in the row axis i and the loop axis j gives, for a
+tile of rows [i_lo, i_hi], the key range where it may hold for some row (blocks outside are skipped) and the
+range where it holds for every row (blocks inside need no test). Skipping is only done when every reduction
+of the pass provably gets its identity from a masked element (checked by evaluating the body on
+representative values with the predicate false).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from neptune_eqsat import ir
+from neptune_eqsat.ir import Term
+
+INDEX_OPS = {"axis", "dim", "const"}
+
+
+def is_index_predicate(c: Term, loop: str) -> bool:
+    """A condition computed from indices only, that varies along the loop axis."""
+    if loop not in c.free:
+        return False
+    for t in ir.walk(c):
+        if t.op in INDEX_OPS:
+            continue
+        if t.op == "bin" and t.attrs[0] in ir.COMPARE + ir.LOGIC + ("add", "sub", "mul", "floordiv", "mod"):
+            continue
+        if t.op == "un" and t.attrs[0] in ("not", "neg"):
+            continue
+        return False
+    return True
+
+
+def mask_wheres(term: Term, loop: str) -> list[Term]:
+    return [t for t in ir.walk(term) if t.op == "where" and is_index_predicate(t.args[0], loop)]
+
+
+def linear(t: Term) -> dict | None:
+    """Integer linear form {symbol or None (constant): coefficient}, symbols being axes and dims."""
+    if t.op in ("axis", "dim"):
+        return {(t.op, t.attrs[0]): 1}
+    if t.op == "const":
+        v = t.attrs[0]
+        return {None: int(v)} if v == int(v) else None
+    if t.op == "un" and t.attrs[0] == "neg":
+        a = linear(t.args[0])
+        return None if a is None else {k: -c for k, c in a.items()}
+    if t.op == "bin" and t.attrs[0] in ("add", "sub"):
+        a, b = linear(t.args[0]), linear(t.args[1])
+        if a is None or b is None:
+            return None
+        sign = 1 if t.attrs[0] == "add" else -1
+        out = dict(a)
+        for k, c in b.items():
+            out[k] = out.get(k, 0) + sign * c
+        return out
+    if t.op == "bin" and t.attrs[0] == "mul":
+        a, b = linear(t.args[0]), linear(t.args[1])
+        if a is None or b is None:
+            return None
+        for x, y in ((a, b), (b, a)):
+            if set(y) <= {None}:
+                return {k: c * y.get(None, 0) for k, c in x.items()}
+    return None
+
+
+def constraints(pred: Term) -> list[dict] | None:
+    """The predicate as linear forms that must be >= 0, or None if it is not such a conjunction."""
+    if pred.op == "bin" and pred.attrs[0] == "and":
+        a, b = constraints(pred.args[0]), constraints(pred.args[1])
+        return None if a is None or b is None else a + b
+    if pred.op != "bin" or pred.attrs[0] not in ("ge", "gt", "le", "lt"):
+        return None
+    a, b = linear(pred.args[0]), linear(pred.args[1])
+    if a is None or b is None:
+        return None
+    d = dict(a)
+    for k, c in b.items():
+        d[k] = d.get(k, 0) - c
+    op = pred.attrs[0]
+    if op in ("le", "lt"):
+        d = {k: -c for k, c in d.items()}
+    if op in ("gt", "lt"):
+        d[None] = d.get(None, 0) - 1
+    return [d]
+
+
+@dataclass
+class Bounds:
+    """Scalar code for the key range of a row tile: [lo_any, hi_any) may hold, [lo_all, hi_all) always holds."""
+    lo_any: str
+    hi_any: str
+    lo_all: str
+    hi_all: str
+
+
+def key_bounds(pred: Term, row: str, loop: str, name, i_lo: str, i_hi: str, n: str) -> Bounds | None:
+    """Bounds of the loop axis from a predicate; `name(symbol)` gives the code of an axis or dim symbol."""
+    cons = constraints(pred)
+    if cons is None:
+        return None
+    lows_any, lows_all, highs_any, highs_all = ["0"], ["0"], [n], [n]
+    interior_possible = True
+    for c in cons:
+        a = c.get(("axis", row), 0)
+        b = c.get(("axis", loop), 0)
+        rest_terms = [f"{v} * {name(k)}" for k, v in c.items() if k not in (None, ("axis", row), ("axis", loop))]
+        rest = " + ".join(rest_terms + [str(c.get(None, 0))])
+        if b == 0 or abs(b) != 1:
+            interior_possible = False
+            continue
+
+        def at(i: str) -> str:
+            return f"({a} * {i} + {rest})"
+        if b == 1:   # j >= -(a*i + rest)
+            lo_first, lo_last = f"-{at(i_lo)}", f"-{at(i_hi)}"
+            any_, all_ = (lo_last, lo_first) if a > 0 else (lo_first, lo_last)
+            lows_any.append(any_)
+            lows_all.append(all_)
+        else:        # j <= a*i + rest, so j < a*i + rest + 1
+            hi_first, hi_last = f"({at(i_lo)} + 1)", f"({at(i_hi)} + 1)"
+            any_, all_ = (hi_last, hi_first) if a > 0 else (hi_first, hi_last)
+            highs_any.append(any_)
+            highs_all.append(all_)
+    if not interior_possible:
+        lows_all, highs_all = [n], ["0"]
+
+    def fold(fn: str, xs: list[str]) -> str:
+        out = xs[0]
+        for x in xs[1:]:
+            out = f"tl.{fn}({out}, {x})"
+        return out
+    return Bounds(fold("maximum", lows_any), fold("minimum", highs_any), fold("maximum", lows_all),
+                  fold("minimum", highs_all))
+
+
+# ---- is skipping a masked element sound? -------------------------------------------------------------------
+FINITE = [-2.5, -0.3, 0.0, 0.3, 2.5]
+REDUCED = [-math.inf, -2.5, -0.3, 0.0, 0.3, 2.5]
+_NP_UN = {"neg": np.negative, "exp": np.exp, "log": np.log, "tanh": np.tanh, "sqrt": np.sqrt, "abs": np.abs,
+          "recip": np.reciprocal, "not": np.logical_not,
+          "finite_or_zero": lambda x: np.where(np.isfinite(x), x, 0.0),
+          "exp_or_zero": lambda x: np.where(np.isfinite(np.exp(x)), np.exp(x), 0.0)}
+_NP_BIN = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum,
+           "min": np.minimum, "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+           "eq": np.equal, "ne": np.not_equal, "and": np.logical_and, "or": np.logical_or,
+           "floordiv": np.floor_divide, "mod": np.mod}
+
+
+def masked_gives_identity(body: Term, reducer: str, masked: list[Term], loop: str, max_leaves: int = 6) -> bool:
+    """With every where in `masked` taking its else branch, does body equal the reducer's identity for all
+    values of the other leaves (loads, reductions, indices)?"""
+    subst = {w: w.args[2] for w in masked}
+    body = ir.substitute(body, subst)
+    leaves: list[Term] = []
+
+    def find(t: Term) -> None:
+        if t.op in ("load", "axis", "dim", "acc") or ir.is_reduction(t) or t.op == "prev":
+            if t not in leaves:
+                leaves.append(t)
+            return
+        for a in t.args:
+            find(a)
+
+    find(body)
+    if len(leaves) > max_leaves:
+        return False
+    grids = []
+    for leaf in leaves:
+        if leaf.op in ("axis", "dim"):
+            grids.append([0.0, 1.0, 5.0])
+        elif ir.is_reduction(leaf) or leaf.op in ("prev", "acc"):
+            grids.append(REDUCED)
+        else:
+            grids.append(FINITE)
+    values = {leaf: np.array(g).reshape([-1 if k == n else 1 for k in range(len(leaves))])
+              for n, (leaf, g) in enumerate(zip(leaves, grids))}
+
+    def ev(t: Term):
+        if t in values:
+            return values[t]
+        if t.op == "const":
+            return np.float64(t.attrs[0])
+        if t.op == "cast":
+            return ev(t.args[0])
+        if t.op == "un":
+            return _NP_UN[t.attrs[0]](ev(t.args[0]))
+        if t.op == "bin":
+            return _NP_BIN[t.attrs[0]](ev(t.args[0]), ev(t.args[1]))
+        if t.op == "where":
+            return np.where(ev(t.args[0]), ev(t.args[1]), ev(t.args[2]))
+        raise ValueError(t.op)
+
+    with np.errstate(all="ignore"):
+        out = np.broadcast_to(ev(body), [len(g) for g in grids] or [1])
+    return bool(np.all(out == ir.REDUCERS[reducer]))
+
+
+def skippable(reductions: list[Term], masked: list[Term], loop: str) -> bool:
+    return bool(masked) and all(masked_gives_identity(r.args[0], r.attrs[0], masked, loop) for r in reductions)
+

@@ -1,0 +1,228 @@
+"""The generated module: one Triton kernel, its launcher `forward(...)` and the tunable defaults.
+
+The module imports only torch, triton and the standard library.
+"""
+from __future__ import annotations
+
+import textwrap
+
+from neptune_eqsat import ir
+from neptune_eqsat.schedule import Schedule
+
+from . import masks
+from .kernel import Context, KernelWriter, pow2
+
+GPU_CONFIG = {"num_warps": 8, "num_stages": 2}
+INTERPRETER_CONFIG = {"num_warps": 1, "num_stages": 1}
+
+
+def _row_loop_blocks(sched: Schedule) -> tuple[dict, dict]:
+    gpu, cpu = dict(GPU_CONFIG), dict(INTERPRETER_CONFIG)
+    if sched.row:
+        gpu[f"BLOCK_{sched.row.upper()}"] = 128
+        cpu[f"BLOCK_{sched.row.upper()}"] = 16
+    if sched.loop:
+        gpu[f"BLOCK_{sched.loop.upper()}"] = 64
+        cpu[f"BLOCK_{sched.loop.upper()}"] = 16
+    return gpu, cpu
+
+
+def _pass_bounds(w: KernelWriter, p: int, reds: list[ir.Term]) -> list[str]:
+    """Lines computing lo, full_lo, full_hi, hi for pass p (see masks.py)."""
+    loop, row = w.loop, w.row
+    bj, n = w.block(loop), w.ext(loop)
+    used = {m for r in reds for m in masks.mask_wheres(r, loop)}
+    preds = sorted({m.args[0] for m in used}, key=ir.show)
+    bounds = None
+    if preds and row is not None:
+        both = preds[0]
+        for extra in preds[1:]:
+            both = ir.bin("and", both, extra)
+        name = (lambda k: k[1] if k[0] == "dim" or k[1] in w.s.grid else f"offs_{k[1]}")
+        bounds = masks.key_bounds(both, row, loop, name, "i_lo", "i_hi", n)
+        if bounds is not None and not (len(preds) == 1 and masks.skippable(reds, list(used), loop)):
+            bounds.lo_any, bounds.hi_any = "0", n
+    lines = []
+    if bounds is None:
+        lines += ["lo = 0", f"hi = {n}", "full_lo = 0", f"full_hi = ({n} // {bj}) * {bj}"]
+    else:
+        lines += [f"lo = ({bounds.lo_any} // {bj}) * {bj}", f"hi = {bounds.hi_any}",
+                  f"full_lo = tl.minimum(tl.maximum((({bounds.lo_all} + {bj} - 1) // {bj}) * {bj}, lo), hi)",
+                  f"full_hi = tl.maximum(tl.minimum(({bounds.hi_all} // {bj}) * {bj}, hi), full_lo)"]
+    return [f"{x}  # pass {p}" if i == 0 else x for i, x in enumerate(lines)]
+
+
+def kernel_source(sched: Schedule, name: str) -> str:
+    w = KernelWriter(sched, name)
+    spec, loop, row, col = sched.spec, sched.loop, sched.row, sched.col
+    head: list[str] = []
+    if row:
+        head += ["pid_row = tl.program_id(0)"]
+    head += ["pid_grid = tl.program_id(1)"]
+    rest = "pid_grid"
+    for k, g in enumerate(reversed(sched.grid)):
+        if k == len(sched.grid) - 1:
+            head.append(f"{g} = {rest}")
+        else:
+            head += [f"{g} = {rest} % {w.ext(g)}", f"rest{k} = {rest} // {w.ext(g)}"]
+            rest = f"rest{k}"
+    for a in w.tile_axes:
+        if a == loop:
+            continue
+        start = f"pid_row * {w.block(a)} + " if a == row else ""
+        head.append(f"offs_{a} = {start}tl.arange(0, {w.block(a)})")
+        if w.padded(a):
+            head.append(f"valid_{a} = offs_{a} < {w.ext(a)}")
+    if row:
+        head += [f"i_lo = pid_row * {w.block(row)}", f"i_hi = tl.minimum(i_lo + {w.block(row)}, {w.ext(row)}) - 1"]
+
+    body: list[str] = []
+    done: set = set()
+    for p in range(sched.passes):
+        reds = sched.in_pass(p)
+        w.ctx = Context(f"body{p}", f"pre{p}", complete=set(done), running=set(reds))
+        for r in reds:
+            w.init_state(r, f"init{p}")
+        loops = []
+        for masked in (True, False):
+            blk = f"body{p}{'m' if masked else 'u'}"
+            w.ctx.body, w.ctx.masked = blk, masked
+            w.blocks[blk] += [f"offs_{loop} = start + tl.arange(0, {w.block(loop)})"]
+            if masked:
+                w.blocks[blk] += [f"valid_{loop} = offs_{loop} < {w.ext(loop)}"]
+            w.blocks[blk] += [f"{w.state[r].code}_prev = {w.state[r].code}" for r in reds]
+            for r in reds:
+                w.update(r)
+            loops.append(w.blocks[blk])
+        bounds = _pass_bounds(w, p, reds)
+        loop_lines = []
+        for lo, hi, lines in (("lo", "full_lo", loops[0]), ("full_lo", "full_hi", loops[1]),
+                              ("full_hi", "hi", loops[0])):
+            loop_lines.append(f"for start in range({lo}, {hi}, {w.block(loop)}):")
+            loop_lines += ["    " + x for x in lines]
+        body += [f"# pass {p} over {loop}: " + ", ".join(ir.show(r)[:60] for r in reds)]
+        body += ["__PRE%d__" % p] + w.blocks[f"init{p}"] + bounds + loop_lines
+        done |= set(reds)
+
+    # output
+    out_tile = w.canon({a for a in spec.output_axes if a in w.tile_axes})
+    w.ctx = Context("write" if sched.writes_loop else "epilogue", "pre_out" if sched.writes_loop else "epilogue",
+                    complete=set(done), running=set())
+    if sched.writes_loop:
+        w.blocks["write"] += [f"offs_{loop} = start + tl.arange(0, {w.block(loop)})",
+                              f"valid_{loop} = offs_{loop} < {w.ext(loop)}"]
+    v = w.emit(sched.term)
+    dt = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32", "f64": "tl.float64"}[spec.output_dtype]
+    shape = ", ".join(w.block(a) for a in out_tile)
+    value = w.expand(w.as_float(v), out_tile)
+    if set(v.axes) != set(out_tile):
+        value = f"({value} + tl.zeros([{shape}], tl.float32))"
+    ptr = " + ".join(["out_ptr"] + [f"{w.expand(w.emit(ir.axis(a)), out_tile)} * out_s{k}"
+                                    for k, a in enumerate(spec.output_axes)])
+    checks = [w.expand(type(v)(f"valid_{a}", (a,), "bool"), out_tile) for a in out_tile if w.padded(a)]
+    store = f"tl.store({ptr}, {value}.to({dt}){', mask=' + ' & '.join(checks) if checks else ''})"
+    blk = w.ctx.body
+    w.blocks[blk].append(store)
+    if sched.writes_loop:
+        body += ["# write the output block by block"] + w.blocks["pre_out"]
+        body += [f"for start in range(0, {w.ext(loop)}, {w.block(loop)}):"] + ["    " + x for x in w.blocks["write"]]
+    else:
+        body += ["# epilogue"] + w.blocks["epilogue"]
+    text = "\n".join(body)
+    for p in range(sched.passes):
+        text = text.replace("__PRE%d__" % p, "\n".join(w.blocks[f"pre{p}"]) or "pass")
+    inputs = list(spec.inputs)
+    params = [f"{n}_ptr" for n in inputs] + ["out_ptr"]
+    for n in inputs:
+        params += [f"{n}_s{k}" for k in range(len(spec.inputs[n].shape))]
+    params += [f"out_s{k}" for k in range(len(spec.output_axes))]
+    params += w.dims
+    consts = [f"BLOCK_{a.upper()}: tl.constexpr" for a in (row, loop) if a]
+    sig = ",\n    ".join([", ".join(params[i:i + 6]) for i in range(0, len(params), 6)] + consts)
+    code = "\n".join(head + w.blocks["prologue"]) + "\n" + text
+    return f"@triton.jit\ndef {name}_kernel(\n    {sig},\n):\n" + textwrap.indent(code, "    ") + "\n", w
+
+
+MODULE = '''"""{title}
+
+Generated by neptune-eqsat from spec `{spec}`. Do not edit: regenerate with
+    neptune-eqsat optimize {spec_file} -o {out_file}
+
+Plan:
+{plan}
+"""
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+NAME = {name!r}
+PLAN = {plan_one!r}
+# Tunables: block sizes, warps and pipeline stages (GPU), and the small blocks used under the interpreter.
+CONFIG = {gpu!r}
+INTERPRETER_CONFIG = {cpu!r}
+
+
+{kernel}
+
+def _bind(sizes, name, x, want):
+    if x.dim() != len(want):
+        raise ValueError(f"{{name}}: expected {{len(want)}} dimensions {{list(want)}}, got shape {{tuple(x.shape)}}")
+    for pos, (w, got) in enumerate(zip(want, x.shape)):
+        if isinstance(w, int):
+            if w != got:
+                raise ValueError(f"{{name}}: dimension {{pos}} must be {{w}}, got {{got}}")
+        elif sizes.setdefault(w, got) != got:
+            raise ValueError(f"{{name}}: dimension {{pos}} is {{w}} = {{got}}, but another input has {{w}} = {{sizes[w]}}")
+
+
+def forward({args}, *, config=None):
+    """{doc}"""
+    sizes = {{}}
+{binds}
+    device = {first}.device
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("CPU tensors run under Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
+    cfg = dict(INTERPRETER_CONFIG if device.type == "cpu" else CONFIG)
+    cfg.update(config or {{}})
+{dims}
+    out = torch.empty(({out_shape}), device=device, dtype={out_dtype})
+    grid = ({grid})
+    {name}_kernel[grid](
+        {call_args},
+        **cfg,
+    )
+    return out
+'''
+
+TORCH_DTYPE = {"f16": "torch.float16", "bf16": "torch.bfloat16", "f32": "torch.float32", "f64": "torch.float64"}
+
+
+def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.py", out_file: str = "OUT.py") -> str:
+    spec = sched.spec
+    kernel, w = kernel_source(sched, name)
+    gpu, cpu = _row_loop_blocks(sched)
+    inputs = list(spec.inputs)
+
+    def shape_code(shape) -> str:
+        return "(" + ", ".join(repr(s) if isinstance(s, int) else repr(s.name) for s in shape) + ",)"
+
+    binds = "\n".join(f"    _bind(sizes, {n!r}, {n}, {shape_code(spec.inputs[n].shape)})" for n in inputs)
+    dims = "\n".join(f"    {d} = sizes[{d!r}]" for d in w.dims)
+    out_shape = ", ".join(w.ext(a) for a in spec.output_axes) + ","
+    grid_rows = f"triton.cdiv({w.ext(sched.row)}, cfg['BLOCK_{sched.row.upper()}'])" if sched.row else "1"
+    grid_rest = " * ".join([w.ext(g) for g in sched.grid]) or "1"
+    call = [", ".join(inputs + ["out"])]
+    call += [f"*{n}.stride()" for n in inputs] + ["*out.stride()"] + list(w.dims)
+    title = (spec.doc.splitlines() or [spec.name])[0]
+    return MODULE.format(
+        title=title, spec=spec.name, spec_file=spec_file, out_file=out_file,
+        plan=textwrap.indent(plan, "    "), plan_one=plan, name=name, gpu=gpu, cpu=cpu, kernel=kernel,
+        args=", ".join(inputs), first=inputs[0], binds=binds, dims=dims or "    pass",
+        out_shape=out_shape, out_dtype=TORCH_DTYPE[spec.output_dtype], grid=f"{grid_rows}, {grid_rest}",
+        call_args=", ".join(call), doc=f"{spec.name}: inputs {', '.join(inputs)}; returns {spec.output_name}.",
+    )
+
+
+__all__ = ["module_source", "kernel_source", "pow2"]

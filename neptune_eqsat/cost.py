@@ -1,0 +1,126 @@
+"""Analytic plan cost: global-memory bytes, matrix and vector work, launches and parallelism.
+
+A scheduled term is priced per program and pass: every distinct value computed inside the loop (shared
+values once, as the kernel computes them once) is charged per block of the loop axis, loads by their bytes,
+in-tile matrix products by their flops, other operations by their element count (transcendentals on their
+own unit). The totals over all programs are turned into time with a roofline of the device, divided by how
+well the programs fill the device's SMs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from . import ir
+from .ir import Term
+from .schedule import Schedule
+
+DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
+TRANSCENDENTAL = {"exp", "exp_or_zero", "log", "tanh", "sqrt", "recip"}
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str = "H100 SXM (nominal)"
+    sms: int = 132
+    bandwidth: float = 3.0e12      # bytes / s
+    matrix_flops: float = 600e12   # fp16 tensor-core flop / s
+    vector_ops: float = 60e12      # fp32 ops / s
+    special_ops: float = 4e12      # transcendental ops / s
+    launch_seconds: float = 4e-6
+
+    @staticmethod
+    def detect() -> "Device":
+        try:
+            import torch
+            if torch.cuda.is_available():
+                p = torch.cuda.get_device_properties(0)
+                return Device(name=p.name, sms=p.multi_processor_count)
+        except Exception:  # no GPU here: the nominal device
+            pass
+        return Device()
+
+
+@dataclass
+class PlanCost:
+    seconds: float
+    bytes: float
+    matrix_flops: float
+    vector_ops: float
+    special_ops: float
+    passes: int
+    programs: int
+    launches: int = 1
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return (f"{self.seconds * 1e6:9.1f} us  passes={self.passes} programs={self.programs} "
+                f"bytes={self.bytes / 1e6:.1f}MB mma={self.matrix_flops / 1e9:.1f}GF "
+                f"vector={self.vector_ops / 1e9:.2f}G special={self.special_ops / 1e9:.2f}G")
+
+
+def plan_cost(sched: Schedule, sizes: dict[str, int], device: Device | None = None,
+              block_rows: int = 128, block_loop: int = 64) -> PlanCost:
+    device = device or Device()
+    spec = sched.spec
+
+    def ext(a: str) -> int:
+        e = spec.extent(a)
+        return e if isinstance(e, int) else sizes.get(e.name, 4096)
+
+    def tile(a: str) -> int:
+        if a == sched.row:
+            return min(block_rows, ext(a))
+        if a == sched.loop:
+            return min(block_loop, ext(a))
+        return ext(a)
+
+    def elems(t: Term) -> int:
+        axes = t.free & ({sched.row, sched.loop, sched.col} | set(sched.inner))
+        return math.prod(tile(a) for a in axes if a)
+
+    programs = math.prod(ext(g) for g in sched.grid) * (math.ceil(ext(sched.row) / block_rows) if sched.row else 1)
+    tot = {"bytes": 0.0, "mma": 0.0, "vec": 0.0, "sfu": 0.0}
+
+    def charge(values: list[Term], times: float) -> None:
+        for t in values:
+            n = elems(t) * times
+            if t.op == "load":
+                tot["bytes"] += n * DTYPE_BYTES[spec.inputs[t.attrs[0]].dtype]
+            elif ir.is_reduction(t) and t.attrs[0] == "sum" and _is_product(t.args[0], t.attrs[1]):
+                tot["mma"] += 2 * n * tile(t.attrs[1])
+            elif t.op == "un" and t.attrs[0] in TRANSCENDENTAL:
+                tot["sfu"] += n
+            elif t.op in ("un", "bin", "where", "cast", "red", "roll"):
+                tot["vec"] += n * (elems(t.args[0]) / max(elems(t), 1) if ir.is_reduction(t) else 1)
+
+    iters = math.ceil(ext(sched.loop) / tile(sched.loop)) if sched.loop else 0
+    for p in range(sched.passes):
+        per_block: list[Term] = []
+        for r in sched.in_pass(p):
+            for a in r.args:
+                for t in ir.walk(a):
+                    if sched.loop in t.free or any(x.op == "acc" for x in ir.walk(t)) or t is r:
+                        if t not in per_block and not (ir.is_reduction(t) and t.attrs[1] == sched.loop):
+                            per_block.append(t)
+            per_block.append(r)
+        charge(per_block, iters * programs)
+    out_values = [t for t in ir.walk(sched.term) if not (ir.is_reduction(t) and t.attrs[1] == sched.loop)
+                  and not any(x.op == "acc" for x in ir.walk(t))]
+    if sched.writes_loop:
+        charge([t for t in out_values if sched.loop in t.free], iters * programs)
+    else:
+        charge([t for t in out_values if not t.free & {sched.loop}], programs)
+    out_elems = math.prod(ext(a) for a in spec.output_axes)
+    tot["bytes"] += out_elems * DTYPE_BYTES[spec.output_dtype]
+    compute = tot["mma"] / device.matrix_flops + tot["vec"] / device.vector_ops + tot["sfu"] / device.special_ops
+    memory = tot["bytes"] / device.bandwidth
+    waves = math.ceil(programs / device.sms)
+    fill = programs / (waves * device.sms)
+    seconds = max(compute, memory) / fill + device.launch_seconds
+    notes = [f"{programs} programs on {device.sms} SMs: {fill:.0%} filled"]
+    return PlanCost(seconds, tot["bytes"], tot["mma"], tot["vec"], tot["sfu"], sched.passes, programs, 1, notes)
+
+
+def _is_product(body: Term, k: str) -> bool:
+    return body.op == "bin" and body.attrs[0] == "mul" and all(k in a.free for a in body.args)

@@ -1,0 +1,100 @@
+"""Extraction: candidate plans out of the e-graph, each priced by the analytic cost model.
+
+Inside the e-graph a per-node cost picks the cheapest form of every value (work over the tile of its free
+axes, exp of a value not known to be <= 0 priced as an overflow risk). Plans differ in how reductions over the
+same axis share passes, so one extraction is made per plan family:
+  unfused  -- no rolled reduction: a reduction whose body reads another reduction over its axis waits for it
+  rolled   -- a reduction that would wait is priced as an extra pass, so rolled forms win where they exist
+Each extracted term is scheduled and priced by `cost.plan_cost`; the cheapest plan is chosen.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from egglog import EGraph, get_callable_args, get_callable_fn, get_literal_value
+
+from .cost import PlanCost, plan_cost
+from .eterm import ETerm, deps, free, nonpositive
+from .ir import Term
+from .saturate import Saturation
+from .schedule import Schedule, schedule
+from .spec import Spec
+
+OVERFLOW_RISK = 1e16     # exp of a value that may be large
+EXTRA_PASS = 1e13        # a reduction that must wait for another over its own axis
+OP_WORK = {"exp": 4.0, "exp_or_zero": 5.0, "log": 4.0, "tanh": 6.0, "sqrt": 2.0, "recip": 2.0, "div": 2.0, "finite_or_zero": 1.0}
+
+
+@dataclass
+class Candidate:
+    family: str
+    term: Term
+    sched: Schedule
+    cost: PlanCost
+
+
+def _axes(eg: EGraph, table, expr) -> set[str]:
+    v = eg.lookup_function_value(table(expr))
+    return {x.value for x in v.value} if v is not None else set()
+
+
+def node_cost(family: str, weight, load_axes):
+    """The per-node cost for one plan family; monotone (never below a child's cost). Analyses are read on
+    the children only (the node itself is being extracted)."""
+    def cost(eg: EGraph, expr, kids: list) -> float:
+        if not isinstance(expr, ETerm):   # literals (names, numbers)
+            return 0.0
+        name = str(get_callable_fn(expr)).split(".")[-1]
+        args = get_callable_args(expr)
+        total = float(sum(kids))
+        if name in ("axis", "dim", "const", "acc"):
+            return 1.0
+        if name == "load":
+            return 2.0 * weight(load_axes(*(get_literal_value(a) for a in args)))
+        terms = [a for a in args if isinstance(a, ETerm)]
+        axes = set().union(*(_axes(eg, free, a) for a in terms))
+        if name in ("red", "roll"):
+            axes.discard(get_literal_value(args[1]))
+        own = weight(axes)
+        if name in ("un", "bin"):
+            fn = get_literal_value(args[0])
+            own *= OP_WORK.get(fn, 1.0)
+            if fn == "exp" and eg.lookup_function_value(nonpositive(args[1])) is None:
+                own += OVERFLOW_RISK
+        elif name in ("red", "roll"):
+            ax = get_literal_value(args[1])
+            own *= weight({ax})
+            if name == "roll" and family == "unfused":
+                return math.inf
+            if name == "red" and family == "rolled" and ax in _axes(eg, deps, args[2]):
+                own += EXTRA_PASS
+        elif name == "cast":
+            own *= 0.5
+        return own + total
+    return cost
+
+
+def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device) -> list[Candidate]:
+    def weight(axes: set[str]) -> float:
+        w = 1.0
+        for a in axes:
+            ext = spec.extent(a) if a in spec.axes_ else 1
+            w *= min(ext if isinstance(ext, int) else sizes.get(ext.name, 4096), 128)
+        return w
+
+    out: list[Candidate] = []
+    seen: set[Term] = set()
+    for family in ("rolled", "unfused"):
+        cost = node_cost(family, weight, lambda t, key: set().union(*(i.free for i in sat.mirror.loads[(t, key)])))
+        best, c = sat.egraph.extract(sat.root, include_cost=True, cost_model=cost)
+        if not math.isfinite(c):
+            continue
+        term = sat.mirror.from_egg(best)
+        if term in seen:
+            continue
+        seen.add(term)
+        sched = schedule(spec, term)
+        out.append(Candidate(family, term, sched, plan_cost(sched, sizes, device)))
+    out.sort(key=lambda cand: cand.cost.seconds)
+    return out

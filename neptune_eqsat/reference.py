@@ -1,0 +1,163 @@
+"""Float64 evaluation of a spec, unfused: the ground truth for every test.
+
+Values are torch tensors with named axes; a reduction reduces its axis; sum of a product is an einsum so the
+product over all axes is never materialized. Casts are ignored (the math is exact); the output is float64.
+"""
+from __future__ import annotations
+
+import math
+import string
+
+import torch
+
+from .ir import Term
+from .spec import Spec, SpecError
+
+Value = tuple[torch.Tensor, tuple[str, ...]]  # data, the axis of each dimension
+
+
+def bind_sizes(spec: Spec, inputs: dict[str, torch.Tensor]) -> dict[str, int]:
+    """Run-time dims from the input shapes, checked for agreement."""
+    sizes: dict[str, int] = {}
+    for name, t in spec.inputs.items():
+        if name not in inputs:
+            raise SpecError(f"spec {spec.name}: missing input {name}")
+        x = inputs[name]
+        if x.dim() != len(t.shape):
+            raise SpecError(f"input {name}: expected {len(t.shape)} dimensions {list(t.shape)}, got shape "
+                            f"{tuple(x.shape)}")
+        for pos, (want, got) in enumerate(zip(t.shape, x.shape)):
+            if isinstance(want, int):
+                if want != got:
+                    raise SpecError(f"input {name}, dimension {pos}: expected {want}, got {got}")
+            elif sizes.setdefault(want.name, got) != got:
+                raise SpecError(f"input {name}, dimension {pos}: {want.name} = {got} disagrees with "
+                                f"{want.name} = {sizes[want.name]} from another input")
+    return sizes
+
+
+def _align(v: Value, axes: tuple[str, ...]) -> torch.Tensor:
+    """View v with dimensions in the order `axes` (size 1 where v lacks an axis)."""
+    data, have = v
+    perm = [have.index(a) for a in axes if a in have]
+    data = data.permute(*perm) if perm else data
+    shape = [data.shape[[a for a in axes if a in have].index(a)] if a in have else 1 for a in axes]
+    return data.reshape(shape)
+
+
+def _union(*vals: Value) -> tuple[str, ...]:
+    out: list[str] = []
+    for _, axes in vals:
+        out += [a for a in axes if a not in out]
+    return tuple(out)
+
+
+_UN = {"neg": torch.neg, "exp": torch.exp, "log": torch.log, "tanh": torch.tanh, "sqrt": torch.sqrt,
+       "abs": torch.abs, "recip": torch.reciprocal, "not": torch.logical_not,
+       "finite_or_zero": lambda x: torch.where(torch.isfinite(x), x, torch.zeros_like(x)),
+       "exp_or_zero": lambda x: torch.where(torch.isfinite(torch.exp(x)), torch.exp(x), torch.zeros_like(x))}
+_BIN = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,
+        "min": torch.minimum, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq": torch.eq,
+        "ne": torch.ne, "and": torch.logical_and, "or": torch.logical_or,
+        "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"), "mod": torch.remainder}
+
+
+class Evaluator:
+    def __init__(self, spec: Spec, inputs: dict[str, torch.Tensor]):
+        self.spec = spec
+        self.sizes = bind_sizes(spec, inputs)
+        self.inputs = {k: v.detach().to("cpu", torch.float64) for k, v in inputs.items()}
+        self.memo: dict[Term, Value] = {}
+
+    def extent(self, ax: str) -> int:
+        ext = self.spec.extent(ax)
+        return ext if isinstance(ext, int) else self.sizes[ext.name]
+
+    def __call__(self, t: Term) -> Value:
+        if t not in self.memo:
+            self.memo[t] = self._eval(t)
+        return self.memo[t]
+
+    def _eval(self, t: Term) -> Value:
+        op, at, ar = t.op, t.attrs, t.args
+        if op == "axis":
+            return torch.arange(self.extent(at[0]), dtype=torch.float64), (at[0],)
+        if op == "dim":
+            return torch.tensor(float(self.sizes[at[0]]), dtype=torch.float64), ()
+        if op == "const":
+            return torch.tensor(at[0], dtype=torch.float64), ()
+        if op == "load":
+            idx = [self(a) for a in ar]
+            axes = _union(*idx)
+            index = [_align(v, axes).long() for v in idx]
+            return self.inputs[at[0]][tuple(index)], axes
+        if op == "cast":
+            return self(ar[0])
+        if op == "un":
+            d, axes = self(ar[0])
+            return _UN[at[0]](d).to(torch.float64), axes
+        if op == "bin":
+            a, b = self(ar[0]), self(ar[1])
+            axes = _union(a, b)
+            return _BIN[at[0]](_align(a, axes), _align(b, axes)).to(torch.float64), axes
+        if op == "where":
+            vals = [self(a) for a in ar]
+            axes = _union(*vals)
+            c, x, y = (_align(v, axes) for v in vals)
+            return torch.where(c.bool(), x, y), axes
+        if op in ("red", "roll"):
+            return self._reduce(at[0], at[1], ar[0])
+        raise SpecError(f"cannot evaluate {op} in the reference")
+
+    def _reduce(self, reducer: str, ax: str, body: Term) -> Value:
+        if reducer == "sum" and body.op == "bin" and body.attrs[0] == "mul":
+            a, b = self(body.args[0]), self(body.args[1])
+            axes = _union(a, b)
+            if ax not in axes:  # the body does not vary along ax
+                return self._reduce_dense(reducer, ax, body)
+            letters = dict(zip(axes, string.ascii_letters))
+            out = tuple(x for x in axes if x != ax)
+            eq = f"{''.join(letters[x] for x in a[1])},{''.join(letters[x] for x in b[1])}->" \
+                 f"{''.join(letters[x] for x in out)}"
+            return torch.einsum(eq, a[0], b[0]), out
+        return self._reduce_dense(reducer, ax, body)
+
+    def _reduce_dense(self, reducer: str, ax: str, body: Term) -> Value:
+        data, axes = self(body)
+        if ax not in axes:
+            n = self.extent(ax)
+            return (data * n if reducer == "sum" else data), axes
+        dim = axes.index(ax)
+        rest = axes[:dim] + axes[dim + 1:]
+        if reducer == "sum":
+            return data.sum(dim), rest
+        if reducer == "max":
+            return data.amax(dim), rest
+        if reducer == "min":
+            return data.amin(dim), rest
+        raise SpecError(f"unknown reducer {reducer}")
+
+
+def evaluate(spec: Spec, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The spec's output in float64, dimensions in the output's axis order."""
+    ev = Evaluator(spec, inputs)
+    value = ev(spec.output_term)
+    out_axes = spec.output_axes
+    full = torch.zeros([ev.extent(a) for a in out_axes], dtype=torch.float64)
+    return (full + _align(value, out_axes)) if value[1] or out_axes else value[0]
+
+
+def random_inputs(spec: Spec, sizes: dict[str, int], seed: int = 0, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """Random inputs of the declared dtypes (never zeros): normal, or uniform in [0.5, 2] for positive inputs."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    dt = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
+    for name, t in spec.inputs.items():
+        shape = [s if isinstance(s, int) else sizes[s.name] for s in t.shape]
+        x = torch.rand(shape, generator=g) * 1.5 + 0.5 if t.positive else torch.randn(shape, generator=g)
+        out[name] = x.to(dt[t.dtype]).to(device)
+    return out
+
+
+def tolerance(dtype: str) -> float:
+    return {"f16": 2e-2, "bf16": 5e-2, "f32": 2e-4, "f64": 1e-9}[dtype] if dtype else math.inf

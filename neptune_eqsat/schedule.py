@@ -1,0 +1,119 @@
+"""From an extracted term to the shape of its kernel: which axis is looped over, which are tiles, which are
+program ids, and in how many passes over the loop axis the reductions run.
+
+Reductions over the loop axis form passes: a plain reduction runs one pass after the reductions its body
+reads (it needs them finished); a rolled one runs in the same pass as the reductions it reads (its repair
+term fixes the partial result as they grow).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import ir
+from .ir import Term
+from .spec import Spec, SpecError
+
+TILE_LIMIT = 256  # constant extents up to this are held whole in a tile
+
+
+@dataclass
+class Schedule:
+    spec: Spec
+    term: Term
+    loop: str | None                 # the axis the kernel loops over in blocks
+    row: str | None                  # output axis tiled across programs (BLOCK rows)
+    col: str | None                  # output axis held whole in a tile
+    grid: tuple[str, ...]            # output axes that are program ids
+    inner: tuple[str, ...]           # axes of in-tile reductions (whole in a tile)
+    reductions: list[Term] = field(default_factory=list)   # over the loop axis, dependencies first
+    pass_of: dict[Term, int] = field(default_factory=dict)
+    writes_loop: bool = False        # the output varies along the loop axis: written in a last pass
+
+    @property
+    def passes(self) -> int:
+        return 1 + max(self.pass_of.values()) if self.pass_of else 0
+
+    def in_pass(self, p: int) -> list[Term]:
+        return [r for r in self.reductions if self.pass_of[r] == p]
+
+    def extent(self, ax: str):
+        return self.spec.extent(ax)
+
+
+def _is_large(ext) -> bool:
+    return not isinstance(ext, int) or ext > TILE_LIMIT
+
+
+def direct_deps(r: Term, loop: str) -> list[Term]:
+    """Loop reductions r reads: in its body (running values) and its repair (also through prev)."""
+    found: list[Term] = []
+    for a in r.args:
+        for t in ir.walk(a):
+            if ir.is_reduction(t) and t.attrs[1] == loop and t not in found and t is not r:
+                if t != r:
+                    found.append(t)
+    # a reduction nested inside another loop reduction's body belongs to that body only if it is reached there;
+    # walk() descends into every reduction, so keep only those not strictly inside another found one
+    inner = {x for t in found for a in t.args for x in ir.walk(a) if ir.is_reduction(x) and x.attrs[1] == loop}
+    return [t for t in found if t not in inner or t in _top_refs(r, loop)]
+
+
+def _top_refs(r: Term, loop: str) -> list[Term]:
+    out: list[Term] = []
+    for a in r.args:
+        stack = [a]
+        while stack:
+            x = stack.pop()
+            if ir.is_reduction(x) and x.attrs[1] == loop:
+                if x not in out:
+                    out.append(x)
+                continue
+            stack.extend(x.args)
+    return out
+
+
+def schedule(spec: Spec, term: Term) -> Schedule:
+    reds = [t for t in ir.walk(term) if ir.is_reduction(t)]
+    loop_axes = sorted({t.attrs[1] for t in reds if _is_large(spec.extent(t.attrs[1]))})
+    if len(loop_axes) > 1:
+        raise SpecError(f"spec {spec.name}: reductions over several long axes {loop_axes}; one kernel loops over "
+                        f"one axis")
+    loop = loop_axes[0] if loop_axes else None
+    inner = tuple(sorted({t.attrs[1] for t in reds if t.attrs[1] != loop}))
+    out_axes = list(spec.output_axes)
+    col = None
+    if len(out_axes) > 1 and out_axes[-1] != loop and not _is_large(spec.extent(out_axes[-1])):
+        col = out_axes.pop()
+    rest = [a for a in out_axes if a != loop]
+    row = None
+    for a in reversed(rest):
+        if _is_large(spec.extent(a)):
+            row = a
+            break
+    if row is None and rest:
+        row = rest[-1]
+    grid = tuple(a for a in rest if a != row)
+    sched = Schedule(spec, term, loop, row, col, grid, inner, writes_loop=loop in spec.output_axes)
+    if loop is None:
+        return sched
+    loop_reds = [t for t in reds if t.attrs[1] == loop]
+    deps = {r: _top_refs(r, loop) for r in loop_reds}
+    order: list[Term] = []
+
+    def visit(r: Term, stack: tuple = ()) -> None:
+        if r in order:
+            return
+        if r in stack:
+            raise SpecError(f"spec {spec.name}: reductions over {loop} depend on each other in a cycle")
+        for d in deps[r]:
+            visit(d, stack + (r,))
+        order.append(r)
+        if r.op == "roll":
+            sched.pass_of[r] = max((sched.pass_of[d] for d in deps[r]), default=0)
+        else:
+            sched.pass_of[r] = max((sched.pass_of[d] + 1 for d in deps[r]), default=0)
+
+    for r in loop_reds:
+        visit(r)
+    sched.reductions = order
+    return sched

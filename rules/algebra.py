@@ -1,0 +1,61 @@
+"""Real-number identities that expose the separable form of a reduction body and simplify repair terms.
+
+Each rule is proved by sympy before it joins the ruleset (casts only round, so they are the identity here).
+"""
+import sympy as sp
+from egglog import f64, rule, union, var
+
+from neptune_eqsat.eterm import ETerm
+from neptune_eqsat.proof import proves
+from neptune_eqsat.rulebook import Rule, identity, make_ruleset
+
+F = "algebra"
+RULES = [
+    identity("exp-split", F, "exp(a - b) = exp(a) * exp(-b): separates what a body takes from a finished reduction",
+             lambda o, a, b: o.un("exp", o.bin("sub", a, b)),
+             lambda o, a, b: o.bin("mul", o.un("exp", a), o.un("exp", o.un("neg", b))), 2),
+    identity("exp-merge-mul", F, "exp(a) * exp(b) = exp(a + b)",
+             lambda o, a, b: o.bin("mul", o.un("exp", a), o.un("exp", b)),
+             lambda o, a, b: o.un("exp", o.bin("add", a, b)), 2),
+    identity("exp-merge-div", F, "exp(a) / exp(b) = exp(a - b): one transcendental instead of two",
+             lambda o, a, b: o.bin("div", o.un("exp", a), o.un("exp", b)),
+             lambda o, a, b: o.un("exp", o.bin("sub", a, b)), 2),
+    identity("sub-of-negations", F, "-a - -b = b - a",
+             lambda o, a, b: o.bin("sub", o.un("neg", a), o.un("neg", b)),
+             lambda o, a, b: o.bin("sub", b, a), 2),
+    identity("mul-regroup", F, "(a * b) * c = (a * c) * b: moves a factor to the outside of a product",
+             lambda o, a, b, c: o.bin("mul", o.bin("mul", a, b), c),
+             lambda o, a, b, c: o.bin("mul", o.bin("mul", a, c), b), 3),
+    identity("mul-commute", F, "a * b = b * a",
+             lambda o, a, b: o.bin("mul", a, b), lambda o, a, b: o.bin("mul", b, a), 2),
+    identity("cast-of-product", F, "cast(a * b) = cast(a) * b (a cast only rounds)",
+             lambda o, a, b: o.cast("f16", o.bin("mul", a, b)),
+             lambda o, a, b: o.bin("mul", o.cast("f16", a), b), 2),
+]
+
+
+def _guarded_exp() -> list:
+    x, m = var("x", ETerm), var("matched", ETerm)
+    return [rule(m == ETerm.un("finite_or_zero", ETerm.un("exp", x)), name="guarded-exp")
+            .then(union(m).with_(ETerm.un("exp_or_zero", x)))]
+
+
+RULES.append(Rule("guarded-exp", F, "finite_or_zero(exp(x)) = exp_or_zero(x): an exp whose overflow is caught "
+                  "cannot spoil a result", _guarded_exp, lambda: ("definition of exp_or_zero", True)))
+
+
+def _div_by_constant() -> list:
+    a, m, c = var("a", ETerm), var("matched", ETerm), var("c", f64)
+    return [rule(m == ETerm.bin("div", a, ETerm.const(c)), c != f64(0.0), name="div-by-constant")
+            .then(union(m).with_(ETerm.bin("mul", a, ETerm.const(f64(1.0) / c))))]
+
+
+def _div_by_constant_obligation() -> tuple[str, bool]:
+    a, c = sp.symbols("a c", real=True, nonzero=True)
+    return "a / c = a * (1/c), c a nonzero constant", proves(a / c, a * (1 / c))
+
+
+RULES.append(Rule("div-by-constant", F, "a / c = a * (1/c) for a constant c: a multiply instead of a divide",
+                  _div_by_constant, _div_by_constant_obligation))
+
+algebra = make_ruleset("algebra", RULES)

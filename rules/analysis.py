@@ -1,0 +1,45 @@
+"""Analyses the other families read: the free axes of a value and the axes of the reductions it uses.
+
+They add no e-nodes; they are run to a fixpoint before every rewriting step.
+"""
+from egglog import String, eq, f64, i64, rule, ruleset, set_, var
+
+from neptune_eqsat.eterm import AxisSet, ETerm, deps, free, nonpositive
+
+analysis = ruleset(name="analysis")
+RULES: list = []  # no rewrites: nothing to prove
+
+e, a, b, c = (var(n, ETerm) for n in "eabc")
+s, n, j = (var(x, String) for x in ("s", "n", "j"))
+v = var("v", f64)
+fa, fb, fc = (var(x, AxisSet) for x in ("fa", "fb", "fc"))
+NONE = AxisSet.empty()
+
+for leaf, axes in ((ETerm.axis(n), AxisSet(n)), (ETerm.dim(n), NONE), (ETerm.const(v), NONE), (ETerm.acc(), NONE)):
+    analysis.append(rule(e == leaf).then(set_(free(e)).to(axes), set_(deps(e)).to(NONE)))
+
+for table in (free, deps):
+    for node in (ETerm.un(s, a), ETerm.cast(s, a), ETerm.prev(s, a)):
+        analysis.append(rule(e == node, table(a) == fa).then(set_(table(e)).to(fa)))
+    analysis.append(rule(e == ETerm.bin(s, a, b), table(a) == fa, table(b) == fb).then(set_(table(e)).to(fa | fb)))
+    analysis.append(rule(e == ETerm.where(a, b, c), table(a) == fa, table(b) == fb, table(c) == fc)
+                    .then(set_(table(e)).to(fa | fb | fc)))
+
+analysis.append(rule(e == ETerm.red(s, j, a), free(a) == fa).then(set_(free(e)).to(fa.remove(j))))
+analysis.append(rule(e == ETerm.red(s, j, a), deps(a) == fa).then(set_(deps(e)).to(fa.insert(j))))
+analysis.append(rule(e == ETerm.roll(s, j, a, b), free(a) == fa).then(set_(free(e)).to(fa.remove(j))))
+analysis.append(rule(e == ETerm.roll(s, j, a, b), deps(a) == fa).then(set_(deps(e)).to(fa.insert(j))))
+
+# Values known to be <= 0, so that exp of them cannot overflow: x - max_j x (also with the max of an empty
+# row read as 0), the running max before minus after, constants <= 0, and where/max/min of such values.
+M = ETerm.red("max", j, a)
+for top in (ETerm.bin("sub", a, M),
+            ETerm.bin("sub", a, ETerm.where(ETerm.bin("eq", M, ETerm.const(float("-inf"))), ETerm.const(0.0), M)),
+            ETerm.bin("sub", ETerm.prev(j, M), M)):
+    analysis.append(rule(e == top).then(set_(nonpositive(e)).to(1)))
+analysis.append(rule(e == ETerm.const(v), v <= 0.0).then(set_(nonpositive(e)).to(1)))
+analysis.append(rule(e == ETerm.where(c, a, b), eq(nonpositive(a)).to(i64(1)), eq(nonpositive(b)).to(i64(1)))
+                .then(set_(nonpositive(e)).to(1)))
+for fn in ("max", "min", "add"):
+    analysis.append(rule(e == ETerm.bin(fn, a, b), eq(nonpositive(a)).to(i64(1)), eq(nonpositive(b)).to(i64(1)))
+                    .then(set_(nonpositive(e)).to(1)))

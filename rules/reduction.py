@@ -1,0 +1,40 @@
+"""Move a value that does not vary along j out of a reduction over j, e.g. sum_j(x / c) = sum_j(x) / c.
+
+Generated for every (reducer, operation) pair; only pairs whose obligation sympy proves join the ruleset:
+the operation distributes over the reducer, (y1 f y2) op c = (y1 op c) f (y2 op c), and keeps the reducer's
+identity (an empty range stays empty).
+"""
+import sympy as sp
+from egglog import String, rule, union, var
+
+from neptune_eqsat.eterm import ETerm, free
+from neptune_eqsat.proof import IDENTITY, REDUCER_OPS, SymOps, proves
+from neptune_eqsat.rulebook import Rule, make_ruleset
+
+OPS = ("add", "sub", "mul", "div")
+
+
+def _obligation(reducer: str, op: str):
+    def check() -> tuple[str, bool]:
+        y1, y2, c = sp.symbols("y1 y2 c", real=True)
+        f, g, ident = REDUCER_OPS[reducer], SymOps.BIN[op], IDENTITY[reducer]
+        distributes = proves(g(f(y1, y2), c), f(g(y1, c), g(y2, c)))
+        keeps = sp.simplify(g(ident, c)) == ident
+        return f"{reducer}(y1, y2) {op} c = {reducer}(y1 {op} c, y2 {op} c) and {ident} {op} c = {ident}", \
+            bool(distributes and keeps)
+    return check
+
+
+def _egglog(reducer: str, op: str, name: str):
+    def build() -> list:
+        x, c, m, j = var("x", ETerm), var("c", ETerm), var("matched", ETerm), var("j", String)
+        return [rule(m == ETerm.red(reducer, j, ETerm.bin(op, x, c)), free(c).not_contains(j), name=name)
+                .then(union(m).with_(ETerm.bin(op, ETerm.red(reducer, j, x), c)))]
+    return build
+
+
+RULES = [Rule(f"{r}-pull-{op}", "reduction", f"{r}_j(x {op} c) = {r}_j(x) {op} c when c does not vary along j",
+              _egglog(r, op, f"{r}-pull-{op}"), _obligation(r, op))
+         for r in REDUCER_OPS for op in OPS]
+
+reduction = make_ruleset("reduction", RULES)

@@ -1,0 +1,83 @@
+"""Rolling update: run a reduction in the same pass as the reductions its body waits for.
+
+For out = f(out, g(u, x)) where g = combine(u, x), u does not use any reduction over j and x uses only
+finished reductions over j, sympy derives h(t, r, r') = combine(combine^-1(t, r), r') and proves
+h(f(a, b)) = f(h(a), h(b)). A proved pair becomes a rewrite
+    red_f(j, combine(u, x))  ->  roll_f(j, combine(u, x), repair)
+whose repair term is h with t = acc, r = prev_j(x) (x from the previous partial values) and r' = x. The
+factor of h is wrapped in finite_or_zero: while nothing has been accumulated (t is the identity), h keeps
+the identity whatever the factor says (proved), so an overflowing factor must not turn 0 into NaN.
+"""
+import sympy as sp
+from egglog import String, rule, union, var
+
+from neptune_eqsat.eterm import ETerm, deps, free
+from neptune_eqsat.proof import REDUCER_OPS, RP, R, derive_repair
+from neptune_eqsat.rulebook import Rule, make_ruleset
+
+COMBINERS = ("add", "sub", "mul", "div")
+
+
+def to_eterm(e: sp.Expr, r, rp):
+    """A repair factor (sympy, in r and r') as an e-graph term."""
+    if e == R:
+        return r
+    if e == RP:
+        return rp
+    if e.is_Number:
+        return ETerm.const(float(e))
+    if isinstance(e, sp.Add):
+        pos = [t for t in e.args if not t.could_extract_minus_sign()]
+        neg = [-t for t in e.args if t.could_extract_minus_sign()]
+        out = to_eterm(pos[0], r, rp) if pos else ETerm.const(0.0)
+        for t in pos[1:]:
+            out = ETerm.bin("add", out, to_eterm(t, r, rp))
+        for t in neg:
+            out = ETerm.bin("sub", out, to_eterm(t, r, rp))
+        return out
+    if isinstance(e, sp.Mul):
+        num = [t for t in e.args if not (t.is_Pow and t.exp == -1)]
+        den = [t.base for t in e.args if t.is_Pow and t.exp == -1]
+        out = to_eterm(num[0], r, rp) if num else ETerm.const(1.0)
+        for t in num[1:]:
+            out = ETerm.bin("mul", out, to_eterm(t, r, rp))
+        for t in den:
+            out = ETerm.bin("div", out, to_eterm(t, r, rp))
+        return out
+    if e.is_Pow and e.exp == -1:
+        return ETerm.bin("div", ETerm.const(1.0), to_eterm(e.base, r, rp))
+    if isinstance(e, sp.exp):
+        return ETerm.un("exp", to_eterm(e.args[0], r, rp))
+    raise ValueError(f"no term for repair factor {e}")
+
+
+def repair_term(reducer: str, combine: str, j, x):
+    """h(acc, prev_j(x), x) as a term: acc op finite_or_zero(K(r, r'))."""
+    rep = derive_repair(reducer, combine)
+    factor = ETerm.un("finite_or_zero", to_eterm(rep.factor, ETerm.prev(j, x), x))
+    return ETerm.bin("mul" if rep.shape == "mul" else "add", ETerm.acc(), factor)
+
+
+def _egglog(reducer: str, combine: str, name: str):
+    def build() -> list:
+        u, x, m, j = var("u", ETerm), var("x", ETerm), var("matched", ETerm), var("j", String)
+        body = ETerm.bin(combine, u, x)
+        return [rule(m == ETerm.red(reducer, j, body), deps(x).contains(j), free(x).not_contains(j),
+                     deps(u).not_contains(j), name=name)
+                .then(union(m).with_(ETerm.roll(reducer, j, body, repair_term(reducer, combine, j, x))))]
+    return build
+
+
+def _obligation(reducer: str, combine: str):
+    def check() -> tuple[str, bool]:
+        rep = derive_repair(reducer, combine)
+        return rep.summary(), rep.proved
+    return check
+
+
+RULES = [Rule(f"roll-{r}-{c}", "rolling",
+              f"{r}_j({c}(u, x)) in one pass with the reductions x waits for, repaired by the derived h",
+              _egglog(r, c, f"roll-{r}-{c}"), _obligation(r, c))
+         for r in REDUCER_OPS for c in COMBINERS]
+
+rolling = make_ruleset("rolling", RULES)
