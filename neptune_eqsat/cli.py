@@ -1,0 +1,125 @@
+"""neptune-eqsat: optimize a spec into a fused Triton kernel module, check it, and inspect the rules."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from .spec import SpecError
+
+
+def _sizes(text: str | None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for part in filter(None, (text or "").split(",")):
+        name, _, value = part.partition("=")
+        if not value.strip().isdigit():
+            raise click.BadParameter(f"{part!r}: expected NAME=INT, e.g. B=1,S=4096")
+        out[name.strip()] = int(value)
+    return out
+
+
+@click.group()
+def main() -> None:
+    """Equality-saturation superoptimizer for chains of reductions (attention, softmax, norms)."""
+
+
+@main.command()
+@click.argument("spec_file", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Where to write the generated module.")
+@click.option("--explain", is_flag=True, help="Print rules fired, e-graph size and time, candidate plans, choice.")
+@click.option("--shape", default=None, help="Sizes used to price plans, e.g. B=1,S=16384 (defaults: the spec's).")
+@click.option("--max-nodes", default=20_000, show_default=True, help="E-graph node limit.")
+@click.option("--max-seconds", default=20.0, show_default=True, help="Saturation time limit.")
+def optimize(spec_file: str, output: str | None, explain: bool, shape: str | None, max_nodes: int,
+             max_seconds: float) -> None:
+    """Optimize SPEC_FILE and write the fused kernel module."""
+    from .compiler import optimize as run
+    from .saturate import Limits
+
+    try:
+        result = run(spec_file, sizes=_sizes(shape), limits=Limits(max_nodes, max_seconds),
+                     out_file=output or "OUT.py")
+    except SpecError as e:
+        raise click.ClickException(str(e)) from e
+    if explain:
+        click.echo(result.explain())
+    if output:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(output).with_suffix(".tmp")
+        tmp.write_text(result.source)
+        tmp.replace(output)
+        click.echo(f"wrote {output} ({result.chosen.family} plan, {result.chosen.sched.passes} pass(es))")
+    elif not explain:
+        click.echo(result.source)
+
+
+@main.command()
+@click.argument("spec_file", type=click.Path(dir_okay=False))
+@click.option("--shape", required=True, help="Run-time sizes, e.g. B=1,S=45.")
+@click.option("--seed", default=0, show_default=True)
+def check(spec_file: str, shape: str, seed: int) -> None:
+    """Run the generated kernel (GPU if there is one, else Triton's interpreter) against float64."""
+    on_gpu = _has_gpu()
+    if not on_gpu:
+        os.environ["TRITON_INTERPRET"] = "1"
+    from .compiler import optimize as run
+    from .runtime import load_module
+    from .reference import evaluate, random_inputs, tolerance
+
+    try:
+        result = run(spec_file)
+        mod = load_module(result.source, result.spec.name)
+        inputs = random_inputs(result.spec, _sizes(shape), seed, "cuda" if on_gpu else "cpu")
+        out = mod.forward(*inputs.values())
+        ref = evaluate(result.spec, inputs)
+    except SpecError as e:
+        raise click.ClickException(str(e)) from e
+    err = (out.double().cpu() - ref).abs().max().item()
+    tol = tolerance(result.spec.output_dtype)
+    click.echo(f"{result.spec.name} {shape}: max |error| vs float64 = {err:.3g} (tolerance {tol:g}) on "
+               f"{'GPU' if on_gpu else 'the Triton interpreter'}")
+    sys.exit(0 if err <= tol else 1)
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+@main.group()
+def rules() -> None:
+    """The rewrite rules and their proofs."""
+
+
+@rules.command("list")
+def rules_list() -> None:
+    """Name, family and meaning of every rule; rules whose proof fails are marked refused."""
+    from .rules import ALL_RULES
+
+    for r in ALL_RULES:
+        status = "" if r.proof[1] else "  [refused: obligation not proved]"
+        click.echo(f"{r.family:12s} {r.name:24s} {r.meaning}{status}")
+
+
+@rules.command("prove")
+@click.argument("names", nargs=-1)
+def rules_prove(names: tuple[str, ...]) -> None:
+    """Prove each rule's obligation with sympy (all rules when no NAME is given)."""
+    from .rules import ALL_RULES
+
+    chosen = [r for r in ALL_RULES if not names or r.name in names]
+    unknown = set(names) - {r.name for r in ALL_RULES}
+    if unknown:
+        raise click.ClickException(f"unknown rule(s): {', '.join(sorted(unknown))}")
+    for r in chosen:
+        stmt, ok = r.proof
+        click.echo(f"{'proved ' if ok else 'REFUSED'} {r.name}: {stmt}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""Loading generated modules from source (they are plain Python files importing torch and triton)."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+
+def load_module(source: str, name: str) -> ModuleType:
+    """Import generated source; Triton needs the kernel in a real file to read its text."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    folder = Path(tempfile.gettempdir()) / "neptune_eqsat_kernels"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}_{digest}.py"
+    if not path.exists():
+        tmp = path.with_suffix(f".{digest}.tmp")
+        tmp.write_text(source)
+        tmp.replace(path)
+    mod_name = f"neptune_generated_{name}_{digest}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    spec.loader.exec_module(module)
+    return module

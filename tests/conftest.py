@@ -1,0 +1,55 @@
+"""Kernels run under Triton's interpreter on the CPU: the variable must be set before triton is imported."""
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import functools  # noqa: E402
+import hashlib  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+from neptune_eqsat.compiler import optimize  # noqa: E402
+from neptune_eqsat.reference import evaluate, random_inputs, tolerance  # noqa: E402
+from neptune_eqsat.runtime import load_module  # noqa: E402
+from neptune_eqsat.spec import load_spec  # noqa: E402
+
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(path: str):
+    """(result, module) for a spec file, compiled once per test session."""
+    result = optimize(path)
+    return result, load_module(result.source, result.spec.name)
+
+
+def spec_variant(tmp_path: Path, name: str, replace: dict[str, str]) -> str:
+    """A copy of a shipped spec with some text replaced (e.g. a smaller window), as a new spec file."""
+    text = (SPECS / f"{name}.py").read_text()
+    for old, new in replace.items():
+        assert old in text, f"{old!r} not in {name}.py"
+        text = text.replace(old, new)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    path = tmp_path / f"{name}_{digest}.py"   # one file per variant: compiled() caches by path
+    path.write_text(text)
+    return str(path)
+
+
+def run_against_reference(path: str, sizes: dict[str, int], seed: int = 0, inputs=None):
+    """Run the generated kernel and the float64 reference; return (output, reference, max error)."""
+    result, mod = compiled(path)
+    inputs = inputs or random_inputs(result.spec, sizes, seed)
+    out = mod.forward(*inputs.values())
+    ref = evaluate(result.spec, inputs)
+    assert out.shape == ref.shape
+    err = (out.double() - ref).abs().max().item() if out.numel() else 0.0
+    return out, ref, err
+
+
+def assert_close(path: str, sizes: dict[str, int], seed: int = 0, inputs=None):
+    out, ref, err = run_against_reference(path, sizes, seed, inputs)
+    assert not torch.isnan(out).any(), "NaN in kernel output"
+    spec = load_spec(path)
+    assert err <= tolerance(spec.output_dtype), f"{spec.name} {sizes}: max error {err}"
+    return out, ref

@@ -1,0 +1,82 @@
+"""The same generic rules fuse attention, softmax, log-softmax and a chain nobody wrote code for."""
+import pytest
+import torch
+
+from neptune_eqsat import ir
+from neptune_eqsat.compiler import optimize
+from neptune_eqsat.extract import candidates
+from neptune_eqsat.cost import Device
+from neptune_eqsat.saturate import Limits, saturate
+from neptune_eqsat.schedule import schedule
+from neptune_eqsat.spec import load_spec
+
+from conftest import SPECS, assert_close
+
+
+def rolls(term):
+    return [t for t in ir.walk(term) if t.op == "roll"]
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "causal_pf", "global_pf", "window_pf"])
+def test_rolling_update_gives_one_pass(name):
+    result = optimize(SPECS / f"{name}.py")
+    chosen = result.chosen
+    assert chosen.family == "rolled" and chosen.sched.passes == 1
+    assert rolls(chosen.term), "no rolled reduction in the chosen plan"
+    assert "roll-sum-mul" in result.saturation.fired
+    assert any(c.family == "unfused" and c.sched.passes == 2 for c in result.candidates)
+    unfused = next(c for c in result.candidates if c.family == "unfused")
+    assert unfused.cost.seconds > chosen.cost.seconds
+
+
+def test_repair_term_is_a_derived_term_in_the_egraph():
+    """For attention the repair is acc * exp_or_zero(prev(m) - m): derived, then simplified by algebra rules."""
+    result = optimize(SPECS / "causal_pf.py")
+    repairs = {ir.show(r.args[1]) for r in rolls(result.chosen.term)}
+    assert len(repairs) == 1
+    (text,) = repairs
+    assert text.startswith("(acc * exp_or_zero((prev_j(where((max(j,") and "exp_or_zero" in text
+    assert "exp_or_zero" in result.source   # emitted like any other expression
+
+
+def test_chain_nobody_wrote_repairs_with_t_r_over_r_prime(tmp_path):
+    """sum_j x / max_j x over positive x: the roll rewrite fires with h = t * r / r'. The cost model also finds
+    the cheaper plan that pulls the max out of the sum (sum-pull-div), so the rolled plan is extracted with
+    that family switched off, and both are checked against float64."""
+    spec = load_spec(SPECS / "max_normalized_sum.py")
+    sat = saturate(spec.output_term, families=["algebra", "substitution", "rolling"])
+    assert sat.fired["roll-sum-div"] >= 1
+    cands = candidates(sat, spec, {"R": 64, "N": 4096}, Device())
+    rolled = next(c for c in cands if c.family == "rolled")
+    (roll,) = rolls(rolled.term)
+    assert ir.show(roll.args[1]) == "(acc * finite_or_zero((prev_j(max(j, x[r, j])) / max(j, x[r, j]))))"
+    assert rolled.sched.passes == 1
+
+    from codegen.module import module_source
+    from neptune_eqsat.runtime import load_module
+    from neptune_eqsat.reference import evaluate, random_inputs
+    mod = load_module(module_source(rolled.sched, "mns_rolled", "rolled"), "mns_rolled")
+    inputs = random_inputs(spec, {"R": 9, "N": 83}, seed=3)
+    assert torch.allclose(mod.forward(*inputs.values()).double(), evaluate(spec, inputs), rtol=1e-5, atol=1e-5)
+    assert_close(str(SPECS / "max_normalized_sum.py"), {"R": 9, "N": 83})
+
+
+def test_saturation_stops_at_the_node_limit_and_still_extracts():
+    spec = load_spec(SPECS / "gqa_pf.py")
+    sat = saturate(spec.output_term, Limits(max_nodes=30, max_seconds=10))
+    assert sat.stop.startswith("node limit")
+    cands = candidates(sat, spec, spec.typical, Device())
+    assert cands and schedule(spec, cands[0].term).passes >= 1
+
+
+def test_unfused_plan_runs_too():
+    """The unfused two-pass plan stays extractable and correct."""
+    spec = load_spec(SPECS / "softmax.py")
+    result = optimize(SPECS / "softmax.py")
+    unfused = next(c for c in result.candidates if c.family == "unfused")
+    from codegen.module import module_source
+    from neptune_eqsat.runtime import load_module
+    from neptune_eqsat.reference import evaluate, random_inputs
+    mod = load_module(module_source(unfused.sched, "softmax_unfused", "unfused"), "softmax_unfused")
+    inputs = random_inputs(spec, {"R": 5, "N": 70}, seed=5)
+    assert torch.allclose(mod.forward(*inputs.values()).double(), evaluate(spec, inputs), atol=1e-5)

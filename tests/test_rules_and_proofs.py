@@ -1,0 +1,68 @@
+"""Every rule carries a proof obligation; unsound rules are refused and never join a ruleset."""
+import sympy as sp
+from egglog import EGraph, eq
+
+from neptune_eqsat.eterm import ETerm
+
+from neptune_eqsat.proof import derive_repair
+from neptune_eqsat.rulebook import identity, make_ruleset
+from neptune_eqsat.rules import ALL_RULES, FAMILIES
+
+
+def test_softmax_repair_is_derived_and_proved():
+    rep = derive_repair("sum", "mul")
+    t, r, rp = sp.symbols("t r r'", real=True)
+    assert rep.proved and rep.h == "r'*t/r"
+    assert rep.shape == "mul" and sp.simplify(rep.factor - rp / r) == 0
+
+
+def test_division_repair_is_t_r_over_r_prime():
+    rep = derive_repair("sum", "div")
+    assert rep.proved and rep.h in ("r*t/r'", "t*r/r'")
+
+
+def test_repairs_that_do_not_distribute_are_refused():
+    for reducer, combine in [("sum", "add"), ("sum", "sub"), ("max", "mul"), ("min", "div")]:
+        rep = derive_repair(reducer, combine)
+        assert not rep.proved, (reducer, combine)
+        assert "cannot prove" in rep.reason
+
+
+def test_max_repairs_are_proved_by_case_free_rewriting():
+    assert derive_repair("max", "add").proved and derive_repair("min", "sub").proved
+
+
+def test_every_active_rule_is_proved():
+    names = {r.name for r in ALL_RULES}
+    assert {"exp-split", "roll-sum-mul", "roll-sum-div", "sum-pull-div", "prev-binary"} <= names
+    for r in ALL_RULES:
+        stmt, ok = r.proof
+        assert stmt
+        if r.name in ("exp-split", "exp-merge-div", "mul-regroup", "sum-pull-div", "max-pull-sub", "roll-max-add"):
+            assert ok, r.name
+    assert not next(r for r in ALL_RULES if r.name == "sum-pull-add").proof[1]  # sum(x + c) != sum(x) + c
+
+
+def test_planted_unsound_rule_is_refused_and_left_out():
+    bad = identity("exp-of-sum-is-sum-of-exp", "algebra", "wrong on purpose",
+                   lambda o, a, b: o.un("exp", o.bin("add", a, b)),
+                   lambda o, a, b: o.bin("add", o.un("exp", a), o.un("exp", b)), 2)
+    stmt, ok = bad.proof
+    assert not ok and "exp(a + b)" in stmt
+    good = identity("exp-of-sum", "algebra", "right", lambda o, a, b: o.un("exp", o.bin("add", a, b)),
+                    lambda o, a, b: o.bin("mul", o.un("exp", a), o.un("exp", b)), 2)
+    assert good.proof[1]
+    a, b = ETerm.axis("a"), ETerm.axis("b")
+    lhs = ETerm.un("exp", ETerm.bin("add", a, b))
+    for rule_, name, equal in ((bad, "planted_bad", False), (good, "planted_good", True)):
+        eg = EGraph()
+        x = eg.let("x", lhs)
+        eg.run(make_ruleset(name, [rule_]) * 2)
+        target = (ETerm.bin("add", ETerm.un("exp", a), ETerm.un("exp", b)) if rule_ is bad
+                  else ETerm.bin("mul", ETerm.un("exp", a), ETerm.un("exp", b)))
+        assert eg.check_bool(eq(x).to(target)) is equal
+
+
+def test_families_are_separate_rulesets():
+    assert set(FAMILIES) == {"algebra", "reduction", "substitution", "rolling"}
+    assert all(r.family in FAMILIES for r in ALL_RULES)
