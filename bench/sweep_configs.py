@@ -1,0 +1,59 @@
+"""Time each generated module over a small grid of its tunables (block sizes, warps, stages) on the GPU.
+
+    python bench/sweep_configs.py [--ops causal_pf,...] [--seqs 4096,16384] [--modules bench/generated]
+
+Prints, per op and length, the median time of every config and the best one. Imports only torch and triton.
+"""
+import argparse
+import importlib.util
+import itertools
+import math
+from pathlib import Path
+
+import torch
+import triton
+
+HEADS = {"global_pf": (32, 32), "causal_pf": (32, 32), "gqa_pf": (64, 8), "alibi_pf": (32, 32),
+         "softcap_pf": (32, 16), "window_pf": (32, 8)}
+
+
+def load(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ops", default=",".join(HEADS))
+    ap.add_argument("--seqs", default="4096,16384")
+    ap.add_argument("--modules", default="bench/generated")
+    args = ap.parse_args()
+    grid = [dict(BLOCK_I=bm, BLOCK_J=bn, num_warps=w, num_stages=s)
+            for bm, bn, w, s in itertools.product((128,), (64, 128), (4, 8), (2, 3))]
+    for op in args.ops.split(","):
+        mod = load(Path(args.modules) / f"{op}.py")
+        hq, hkv = HEADS[op]
+        for S in map(int, args.seqs.split(",")):
+            q = torch.randn(1, hq, S, 128, device="cuda", dtype=torch.float16)
+            k = torch.randn(1, hkv, S, 128, device="cuda", dtype=torch.float16)
+            v = torch.randn_like(k)
+            extra = [torch.rand(hq, device="cuda")] if op.startswith("alibi") else []
+            times = []
+            for cfg in grid:
+                try:
+                    ms = triton.testing.do_bench(lambda: mod.forward(q, k, v, *extra, config=cfg), warmup=10, rep=40)
+                except Exception:  # a config may not fit in shared memory
+                    ms = math.inf
+                times.append((ms, cfg))
+            times.sort(key=lambda t: t[0])
+            default = {k: mod.CONFIG[k] for k in grid[0]}
+            default_ms = next((t for t, c in times if c == default), math.nan)
+            print(f"{op} S={S}: best {times[0][0]:.3f} ms {times[0][1]}; default {default_ms:.3f} ms", flush=True)
+            for ms, cfg in times[:4]:
+                print(f"    {ms:8.3f} ms {cfg}")
+
+
+if __name__ == "__main__":
+    main()
