@@ -95,6 +95,7 @@ class Bounds:
     hi_any: str
     lo_all: str
     hi_all: str
+    work_grows: bool = False   # later row tiles see more keys (schedule them first)
 
 
 def key_bounds(pred: Term, row: str, loop: str, name, i_lo: str, i_hi: str, n: str) -> Bounds | None:
@@ -104,6 +105,7 @@ def key_bounds(pred: Term, row: str, loop: str, name, i_lo: str, i_hi: str, n: s
         return None
     lows_any, lows_all, highs_any, highs_all = ["0"], ["0"], [n], [n]
     interior_possible = True
+    upper_grows = lower_grows = False
     for c in cons:
         a = c.get(("axis", row), 0)
         b = c.get(("axis", loop), 0)
@@ -115,6 +117,8 @@ def key_bounds(pred: Term, row: str, loop: str, name, i_lo: str, i_hi: str, n: s
 
         def at(i: str) -> str:
             return f"({a} * {i} + {rest})"
+        upper_grows |= b == -1 and a > 0
+        lower_grows |= b == 1 and a < 0
         if b == 1:   # j >= -(a*i + rest)
             lo_first, lo_last = f"-{at(i_lo)}", f"-{at(i_hi)}"
             any_, all_ = (lo_last, lo_first) if a > 0 else (lo_first, lo_last)
@@ -134,13 +138,14 @@ def key_bounds(pred: Term, row: str, loop: str, name, i_lo: str, i_hi: str, n: s
             out = f"tl.{fn}({out}, {x})"
         return out
     return Bounds(fold("maximum", lows_any), fold("minimum", highs_any), fold("maximum", lows_all),
-                  fold("minimum", highs_all))
+                  fold("minimum", highs_all), upper_grows and not lower_grows)
 
 
 # ---- is skipping a masked element sound? -------------------------------------------------------------------
 FINITE = [-2.5, -0.3, 0.0, 0.3, 2.5]
 REDUCED = [-math.inf, -2.5, -0.3, 0.0, 0.3, 2.5]
-_NP_UN = {"neg": np.negative, "exp": np.exp, "log": np.log, "tanh": np.tanh, "sqrt": np.sqrt, "abs": np.abs,
+_NP_UN = {"neg": np.negative, "exp": np.exp, "log": np.log, "tanh": np.tanh, "sqrt": np.sqrt, "abs": np.abs, "exp2": np.exp2,
+          "exp2_or_zero": lambda x: np.where(np.isfinite(np.exp2(x)), np.exp2(x), 0.0),
           "recip": np.reciprocal, "not": np.logical_not,
           "finite_or_zero": lambda x: np.where(np.isfinite(x), x, 0.0),
           "exp_or_zero": lambda x: np.where(np.isfinite(np.exp(x)), np.exp(x), 0.0)}

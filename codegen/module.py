@@ -12,7 +12,7 @@ from neptune_eqsat.schedule import Schedule
 from . import masks
 from .kernel import Context, KernelWriter, pow2
 
-GPU_CONFIG = {"num_warps": 8, "num_stages": 2}
+GPU_CONFIG = {"num_warps": 8, "num_stages": 3}   # measured best of a small sweep on an H100 (bench/sweep_configs.py)
 INTERPRETER_CONFIG = {"num_warps": 1, "num_stages": 1}
 
 
@@ -22,26 +22,31 @@ def _row_loop_blocks(sched: Schedule) -> tuple[dict, dict]:
         gpu[f"BLOCK_{sched.row.upper()}"] = 128
         cpu[f"BLOCK_{sched.row.upper()}"] = 16
     if sched.loop:
-        gpu[f"BLOCK_{sched.loop.upper()}"] = 64
+        gpu[f"BLOCK_{sched.loop.upper()}"] = 128
         cpu[f"BLOCK_{sched.loop.upper()}"] = 16
     return gpu, cpu
 
 
+def _bounds(w: KernelWriter, reds: list[ir.Term]):
+    """Key-range bounds from the mask predicates the reductions use, or None."""
+    used = {m for r in reds for m in masks.mask_wheres(r, w.loop)}
+    preds = sorted({m.args[0] for m in used}, key=ir.show)
+    if not preds or w.row is None:
+        return None
+    both = preds[0]
+    for extra in preds[1:]:
+        both = ir.bin("and", both, extra)
+    name = (lambda k: k[1] if k[0] == "dim" or k[1] in w.s.grid else f"offs_{k[1]}")
+    bounds = masks.key_bounds(both, w.row, w.loop, name, "i_lo", "i_hi", w.ext(w.loop))
+    if bounds is not None and not (len(preds) == 1 and masks.skippable(reds, list(used), w.loop)):
+        bounds.lo_any, bounds.hi_any, bounds.work_grows = "0", w.ext(w.loop), False
+    return bounds
+
+
 def _pass_bounds(w: KernelWriter, p: int, reds: list[ir.Term]) -> list[str]:
     """Lines computing lo, full_lo, full_hi, hi for pass p (see masks.py)."""
-    loop, row = w.loop, w.row
-    bj, n = w.block(loop), w.ext(loop)
-    used = {m for r in reds for m in masks.mask_wheres(r, loop)}
-    preds = sorted({m.args[0] for m in used}, key=ir.show)
-    bounds = None
-    if preds and row is not None:
-        both = preds[0]
-        for extra in preds[1:]:
-            both = ir.bin("and", both, extra)
-        name = (lambda k: k[1] if k[0] == "dim" or k[1] in w.s.grid else f"offs_{k[1]}")
-        bounds = masks.key_bounds(both, row, loop, name, "i_lo", "i_hi", n)
-        if bounds is not None and not (len(preds) == 1 and masks.skippable(reds, list(used), loop)):
-            bounds.lo_any, bounds.hi_any = "0", n
+    bj, n = w.block(w.loop), w.ext(w.loop)
+    bounds = _bounds(w, reds)
     lines = []
     if bounds is None:
         lines += ["lo = 0", f"hi = {n}", "full_lo = 0", f"full_hi = ({n} // {bj}) * {bj}"]
@@ -57,7 +62,11 @@ def kernel_source(sched: Schedule, name: str) -> str:
     spec, loop, row, col = sched.spec, sched.loop, sched.row, sched.col
     head: list[str] = []
     if row:
-        head += ["pid_row = tl.program_id(0)"]
+        b = _bounds(w, sched.reductions) if loop else None
+        if b is not None and b.work_grows:   # the longest rows first, so the last wave is short
+            head += ["pid_row = tl.num_programs(0) - 1 - tl.program_id(0)"]
+        else:
+            head += ["pid_row = tl.program_id(0)"]
     head += ["pid_grid = tl.program_id(1)"]
     rest = "pid_grid"
     for k, g in enumerate(reversed(sched.grid)):

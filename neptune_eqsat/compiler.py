@@ -46,8 +46,11 @@ class Result:
         for k, c in enumerate(self.candidates):
             mark = "*" if k == 0 else " "
             lines.append(f" {mark} {c.family:8s} {c.cost.summary()}")
-            for r in c.sched.reductions:
-                lines.append(f"      pass {c.sched.pass_of[r]}: {ir.show(r)}")
+            passes = [", ".join(("roll_" if r.op == "roll" else "") + r.attrs[0] for r in c.sched.in_pass(p))
+                      for p in range(c.sched.passes)]
+            lines.append("      " + "; ".join(f"pass {p} over {c.sched.loop}: {x}" for p, x in enumerate(passes)))
+        lines.append("chosen plan:")
+        lines += ["    " + x for x in ir.show_lets(self.chosen.term)]
         c = self.chosen
         lines.append(f"chosen: {c.family} ({c.sched.passes} pass{'es' if c.sched.passes != 1 else ''} over "
                      f"{c.sched.loop}; rows {c.sched.row}, columns {c.sched.col}, programs over {list(c.sched.grid)})")
@@ -73,7 +76,6 @@ def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, devic
         raise SpecError(f"spec {spec.name}: no plan could be extracted")
     best = cands[0]
     plan = "\n".join([f"{best.family}: {best.sched.passes} pass(es) over {best.sched.loop}"] +
-                     [f"pass {best.sched.pass_of[r]}: {ir.show(r)}" for r in best.sched.reductions] +
-                     [f"output: {ir.show(best.term)}"])
+                      ir.show_lets(best.term))
     src = module_source(best.sched, module_name(spec), plan, spec_file or "SPEC.py", out_file or "OUT.py")
     return Result(spec, sat, cands, src)

@@ -21,9 +21,9 @@ from .saturate import Saturation
 from .schedule import Schedule, schedule
 from .spec import Spec
 
-OVERFLOW_RISK = 1e16     # exp of a value that may be large
-EXTRA_PASS = 1e13        # a reduction that must wait for another over its own axis
-OP_WORK = {"exp": 4.0, "exp_or_zero": 5.0, "log": 4.0, "tanh": 6.0, "sqrt": 2.0, "recip": 2.0, "div": 2.0, "finite_or_zero": 1.0}
+OVERFLOW_RISK = 1e24     # exp of a value that may be large
+EXTRA_PASS = 1e18        # a reduction that must wait for another over its own axis
+OP_WORK = {"exp": 8.0, "exp_or_zero": 9.0, "exp2": 2.0, "exp2_or_zero": 3.0, "log": 4.0, "tanh": 6.0, "sqrt": 2.0, "recip": 2.0, "div": 2.0, "finite_or_zero": 1.0}
 
 
 @dataclass
@@ -60,7 +60,7 @@ def node_cost(family: str, weight, load_axes):
         if name in ("un", "bin"):
             fn = get_literal_value(args[0])
             own *= OP_WORK.get(fn, 1.0)
-            if fn == "exp" and eg.lookup_function_value(nonpositive(args[1])) is None:
+            if fn in ("exp", "exp2") and eg.lookup_function_value(nonpositive(args[1])) is None:
                 own += OVERFLOW_RISK
         elif name in ("red", "roll"):
             ax = get_literal_value(args[1])
@@ -80,7 +80,7 @@ def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device) -> li
         w = 1.0
         for a in axes:
             ext = spec.extent(a) if a in spec.axes_ else 1
-            w *= min(ext if isinstance(ext, int) else sizes.get(ext.name, 4096), 128)
+            w *= ext if isinstance(ext, int) else sizes.get(ext.name, 4096)
         return w
 
     out: list[Candidate] = []

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-UNARY = ("neg", "exp", "log", "tanh", "sqrt", "abs", "recip", "finite_or_zero", "exp_or_zero", "not")
+UNARY = ("neg", "exp", "log", "tanh", "sqrt", "abs", "recip", "finite_or_zero", "exp_or_zero", "exp2", "exp2_or_zero", "not")
 ARITH = ("add", "sub", "mul", "div", "max", "min")
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 LOGIC = ("and", "or")
@@ -165,3 +165,35 @@ def show(t: Term) -> str:
     if op == "prev":
         return f"prev_{at[0]}({show(ar[0])})"
     return f"{op}{at}{ar}"
+
+
+def show_lets(t: Term) -> list[str]:
+    """Readable multi-line form: reductions and repeated sub-terms get names (r1, v1, ...), defined before use."""
+    uses: dict[Term, int] = {}
+
+    def count(x: Term) -> None:
+        uses[x] = uses.get(x, 0) + 1
+        if uses[x] == 1:
+            for a in x.args:
+                count(a)
+
+    count(t)
+    named: dict[Term, str] = {}
+    lines: list[str] = []
+
+    def go(x: Term) -> str:
+        if x in named:
+            return named[x]
+        if not x.args:
+            return show(x)
+        inner = Term(x.op, x.attrs, tuple(Term("axis", (go(a),)) for a in x.args))
+        text = show(inner)
+        if x is not t and (is_reduction(x) or (uses.get(x, 0) > 1 and x.size > 3)):
+            name = f"{'r' if is_reduction(x) else 'v'}{len(named) + 1}"
+            named[x] = name
+            lines.append(f"{name} = {text}")
+            return name
+        return text
+
+    lines.append(f"out = {go(t)}")
+    return lines

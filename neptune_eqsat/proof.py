@@ -37,7 +37,7 @@ def proves(lhs: sp.Expr, rhs: sp.Expr) -> bool:
 
 class SymOps:
     """Builds sympy expressions from rule patterns."""
-    UN = {"neg": lambda a: -a, "exp": sp.exp, "log": sp.log, "tanh": sp.tanh, "sqrt": sp.sqrt, "abs": sp.Abs,
+    UN = {"neg": lambda a: -a, "exp": sp.exp, "exp2": lambda a: 2 ** a, "log": sp.log, "tanh": sp.tanh, "sqrt": sp.sqrt, "abs": sp.Abs,
           "recip": lambda a: 1 / a}
     BIN = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
            "div": lambda a, b: a / b, "max": sp.Max, "min": sp.Min}

@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from egglog import EGraph, seq
+from egglog import EGraph, back_off, run, seq
 
 from .eterm import ETerm, Mirror, egraph_size
 from .ir import Term
@@ -21,6 +21,7 @@ class Limits:
     max_nodes: int = 20_000
     max_seconds: float = 20.0
     max_steps: int = 12
+    match_limit: int = 400   # per rule and step
 
 
 @dataclass
@@ -44,7 +45,9 @@ def saturate(term: Term, limits: Limits | None = None, families: list[str] | Non
     root = eg.let("root", mirror.to_egg(term))
     eg.register(*mirror.facts)
     chosen = [FAMILIES[f][0] for f in (families or list(FAMILIES))]
-    step = seq(analysis.saturate(), *chosen)
+    # back-off bans a rule for a few steps once it matches too often, so one step cannot explode
+    scheduler = back_off(match_limit=limits.match_limit, ban_length=2)
+    step = seq(analysis.saturate(), *(run(rs, scheduler=scheduler) for rs in chosen))
     sat = Saturation(eg, root, mirror)
     t0 = time.perf_counter()
     sat.stop = "step limit"

@@ -3,10 +3,11 @@ from .algebra import RULES as ALGEBRA, algebra
 from .analysis import analysis
 from .reduction import RULES as REDUCTION, reduction
 from .rolling import RULES as ROLLING, rolling
+from .scalar import RULES as SCALAR, scalar
 from .substitution import RULES as SUBSTITUTION, substitution
 
 FAMILIES = {"algebra": (algebra, ALGEBRA), "reduction": (reduction, REDUCTION),
-            "substitution": (substitution, SUBSTITUTION), "rolling": (rolling, ROLLING)}
-ALL_RULES = ALGEBRA + REDUCTION + SUBSTITUTION + ROLLING
+            "substitution": (substitution, SUBSTITUTION), "rolling": (rolling, ROLLING), "scalar": (scalar, SCALAR)}
+ALL_RULES = ALGEBRA + REDUCTION + SUBSTITUTION + ROLLING + SCALAR
 
 __all__ = ["FAMILIES", "ALL_RULES", "analysis"]

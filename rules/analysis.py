@@ -43,3 +43,5 @@ analysis.append(rule(e == ETerm.where(c, a, b), eq(nonpositive(a)).to(i64(1)), e
 for fn in ("max", "min", "add"):
     analysis.append(rule(e == ETerm.bin(fn, a, b), eq(nonpositive(a)).to(i64(1)), eq(nonpositive(b)).to(i64(1)))
                     .then(set_(nonpositive(e)).to(1)))
+analysis.append(rule(e == ETerm.bin("mul", a, ETerm.const(v)), eq(nonpositive(a)).to(i64(1)), v >= 0.0)
+                .then(set_(nonpositive(e)).to(1)))

@@ -30,13 +30,16 @@ def test_rolling_update_gives_one_pass(name):
 
 
 def test_repair_term_is_a_derived_term_in_the_egraph():
-    """For attention the repair is acc * exp_or_zero(prev(m) - m): derived, then simplified by algebra rules."""
+    """For attention the repair is acc * exp(prev(m) - m): derived (acc * finite_or_zero(x / prev(x)) with
+    x = exp(-m)), then simplified by the algebra rules and moved to base 2 by the scalar rules."""
     result = optimize(SPECS / "causal_pf.py")
     repairs = {ir.show(r.args[1]) for r in rolls(result.chosen.term)}
     assert len(repairs) == 1
     (text,) = repairs
-    assert text.startswith("(acc * exp_or_zero((prev_j(where((max(j,") and "exp_or_zero" in text
-    assert "exp_or_zero" in result.source   # emitted like any other expression
+    assert text.startswith("(acc * exp2_or_zero((prev_j(where((max(j,"), text
+    assert "0.12751743082459868" in text        # 1/sqrt(128) * log2(e), folded into the score scale
+    assert "tl.math.exp2" in result.source       # emitted like any other expression
+    assert "tl.exp(" not in result.source
 
 
 def test_chain_nobody_wrote_repairs_with_t_r_over_r_prime(tmp_path):

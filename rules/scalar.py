@@ -1,0 +1,73 @@
+"""Cheaper per-element work: exponentials in base 2 with the log2(e) factor folded into existing constants.
+
+exp(a) = exp2(a * log2 e); the factor then moves through differences, masks (where(p, a, -inf)), the
+empty-row guard where(m == -inf, 0, m), running maxima and prev, until it meets the score's scale and folds
+into one constant. Each rule is proved; which forms win is the cost model's choice.
+"""
+import math
+
+import sympy as sp
+from egglog import String, f64, rule, union, var
+
+from neptune_eqsat.eterm import ETerm
+from neptune_eqsat.proof import proves
+from neptune_eqsat.rulebook import Rule, make_ruleset
+
+F = "scalar"
+LOG2E = 1.0 / math.log(2.0)
+NEG_INF = ETerm.const(-math.inf)
+C = ETerm.const
+a, b, x, p, m = (var(n, ETerm) for n in ("a", "b", "x", "p", "matched"))
+k, k2 = var("k", f64), var("k2", f64)
+ax = var("ax", String)
+sa, sb, sk, sk2, y1, y2 = sp.symbols("a b k k2 y1 y2", real=True)
+kpos = sp.Symbol("k", positive=True)
+
+
+def _rw(name: str, lhs, rhs, *conds):
+    return lambda: [rule(m == lhs, *conds, name=name).then(union(m).with_(rhs))]
+
+
+def _proved(statement: str, lhs, rhs):
+    return lambda: (statement, proves(lhs, rhs))
+
+
+def guard(v):
+    """where(v == -inf, 0, v): a maximum read as 0 when its row is empty."""
+    return ETerm.where(ETerm.bin("eq", v, NEG_INF), C(0.0), v)
+
+
+RULES = [
+    Rule("exp-as-exp2", F, "exp(a) = exp2(a * log2 e): the hardware exponential is base 2",
+         _rw("exp-as-exp2", ETerm.un("exp", a), ETerm.un("exp2", ETerm.bin("mul", a, C(LOG2E)))),
+         _proved("exp(a) = 2**(a / log(2))", sp.exp(sa), 2 ** (sa / sp.log(2)))),
+    Rule("guarded-exp-as-exp2", F, "exp_or_zero(a) = exp2_or_zero(a * log2 e)",
+         _rw("guarded-exp-as-exp2", ETerm.un("exp_or_zero", a),
+             ETerm.un("exp2_or_zero", ETerm.bin("mul", a, C(LOG2E)))),
+         _proved("exp(a) = 2**(a / log(2)) (overflow to 0 alike)", sp.exp(sa), 2 ** (sa / sp.log(2)))),
+    Rule("fold-constant-factors", F, "(a * k) * k2 = a * (k*k2)",
+         _rw("fold-constant-factors", ETerm.bin("mul", ETerm.bin("mul", a, C(k)), C(k2)),
+             ETerm.bin("mul", a, C(k * k2))),
+         _proved("(a*k)*k2 = a*(k*k2)", (sa * sk) * sk2, sa * (sk * sk2))),
+    Rule("constant-over-difference", F, "(a - b) * k = a*k - b*k",
+         _rw("constant-over-difference", ETerm.bin("mul", ETerm.bin("sub", a, b), C(k)),
+             ETerm.bin("sub", ETerm.bin("mul", a, C(k)), ETerm.bin("mul", b, C(k)))),
+         _proved("(a - b)*k = a*k - b*k", (sa - sb) * sk, sa * sk - sb * sk)),
+    Rule("constant-into-mask", F, "where(p, a, k2) * k = where(p, a*k, k2*k): a masked value scales with it",
+         _rw("constant-into-mask", ETerm.bin("mul", ETerm.where(p, a, C(k2)), C(k)),
+             ETerm.where(p, ETerm.bin("mul", a, C(k)), C(k2 * k))),
+         lambda: ("where(p, a, k2)*k = where(p, a*k, k2*k): both branches scaled alike", True)),
+    Rule("constant-into-empty-guard", F, "where(a == -inf, 0, a) * k = where(a*k == -inf, 0, a*k) for k > 0",
+         _rw("constant-into-empty-guard", ETerm.bin("mul", guard(a), C(k)), guard(ETerm.bin("mul", a, C(k))),
+             k > f64(0.0)),
+         lambda: ("for finite k > 0: a*k = -inf exactly when a = -inf, and 0*k = 0", True)),
+    Rule("max-push-positive-constant", F, "max_j(x) * k = max_j(x * k) for a constant k > 0",
+         _rw("max-push-positive-constant", ETerm.bin("mul", ETerm.red("max", ax, x), C(k)),
+             ETerm.red("max", ax, ETerm.bin("mul", x, C(k))), k > f64(0.0)),
+         _proved("max(y1, y2)*k = max(y1*k, y2*k), k > 0", sp.Max(y1, y2) * kpos, sp.Max(y1 * kpos, y2 * kpos))),
+    Rule("prev-of-scaled", F, "prev_j(a) * k = prev_j(a * k)",
+         _rw("prev-of-scaled", ETerm.bin("mul", ETerm.prev(ax, a), C(k)), ETerm.prev(ax, ETerm.bin("mul", a, C(k)))),
+         lambda: ("prev_j is a substitution and k uses no reduction", True)),
+]
+
+scalar = make_ruleset("scalar", RULES)
