@@ -26,23 +26,17 @@ def to_eterm(e: sp.Expr, r, rp):
         return rp
     if e.is_Number:
         return ETerm.const(float(e))
-    if isinstance(e, sp.Add):
-        pos = [t for t in e.args if not t.could_extract_minus_sign()]
-        neg = [-t for t in e.args if t.could_extract_minus_sign()]
-        out = to_eterm(pos[0], r, rp) if pos else ETerm.const(0.0)
-        for t in pos[1:]:
-            out = ETerm.bin("add", out, to_eterm(t, r, rp))
-        for t in neg:
-            out = ETerm.bin("sub", out, to_eterm(t, r, rp))
-        return out
-    if isinstance(e, sp.Mul):
-        num = [t for t in e.args if not (t.is_Pow and t.exp == -1)]
-        den = [t.base for t in e.args if t.is_Pow and t.exp == -1]
-        out = to_eterm(num[0], r, rp) if num else ETerm.const(1.0)
-        for t in num[1:]:
-            out = ETerm.bin("mul", out, to_eterm(t, r, rp))
-        for t in den:
-            out = ETerm.bin("div", out, to_eterm(t, r, rp))
+    if isinstance(e, (sp.Add, sp.Mul)):   # positive terms (factors) first, then the subtracted (divided) ones
+        add = isinstance(e, sp.Add)
+        inverse = (lambda t: t.could_extract_minus_sign()) if add else (lambda t: t.is_Pow and t.exp == -1)
+        undo = (lambda t: -t) if add else (lambda t: t.base)
+        kept = [t for t in e.args if not inverse(t)]
+        out = to_eterm(kept[0], r, rp) if kept else ETerm.const(0.0 if add else 1.0)
+        for t in kept[1:]:
+            out = ETerm.bin("add" if add else "mul", out, to_eterm(t, r, rp))
+        for t in e.args:
+            if inverse(t):
+                out = ETerm.bin("sub" if add else "div", out, to_eterm(undo(t), r, rp))
         return out
     if e.is_Pow and e.exp == -1:
         return ETerm.bin("div", ETerm.const(1.0), to_eterm(e.base, r, rp))
