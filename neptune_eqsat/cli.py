@@ -106,19 +106,51 @@ def rules_list() -> None:
         click.echo(f"{r.family:12s} {r.name:24s} {r.meaning}{status}")
 
 
-@rules.command("prove")
-@click.argument("names", nargs=-1)
-def rules_prove(names: tuple[str, ...]) -> None:
-    """Prove each rule's obligation with sympy (all rules when no NAME is given)."""
+def _select(names: tuple[str, ...]):
     from .rules import ALL_RULES
 
-    chosen = [r for r in ALL_RULES if not names or r.name in names]
     unknown = set(names) - {r.name for r in ALL_RULES}
     if unknown:
         raise click.ClickException(f"unknown rule(s): {', '.join(sorted(unknown))}")
-    for r in chosen:
+    return [r for r in ALL_RULES if not names or r.name in names]
+
+
+@rules.command("check")
+@click.argument("names", nargs=-1)
+@click.option("--examples", default=200, show_default=True, help="Random cases hypothesis tries per rule.")
+def rules_check(names: tuple[str, ...], examples: int) -> None:
+    """Prove each rule with sympy and test it on random values with hypothesis (all rules by default).
+
+    A rule whose proof fails is refused (it never fires); a proved rule that fails numerically is an error."""
+    failed = False
+    for r in _select(names):
         stmt, ok = r.proof
-        click.echo(f"{'proved ' if ok else 'REFUSED'} {r.name}: {stmt}")
+        bad = r.counterexample(examples)
+        if ok and bad is None:
+            status = "ok      "
+        elif not ok:
+            status = "refused "
+        else:
+            status, failed = "ERROR   ", True
+        click.echo(f"{status}{r.family:12s} {r.name}: {stmt}")
+        if bad is not None:
+            click.echo(f"         counterexample: {bad}")
+    sys.exit(1 if failed else 0)
+
+
+@rules.command("explain")
+@click.argument("name")
+def rules_explain(name: str) -> None:
+    """A rule's meaning, its rewrite, its obligation and whether it holds."""
+    (r,) = _select((name,))
+    stmt, ok = r.proof
+    click.echo(f"{r.name} ({r.family}): {r.meaning}")
+    for cmd in r.egglog():
+        click.echo(f"  e-graph rule: {cmd}")
+    click.echo(f"  obligation: {stmt}")
+    click.echo(f"  proved by sympy: {'yes' if ok else 'no: the rule is refused and never fires'}")
+    bad = r.counterexample()
+    click.echo(f"  numeric check: {'passed' if bad is None else 'counterexample ' + bad}")
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ class Repair:
     factor: sp.Expr | None
     proved: bool
     reason: str
+    h_expr: sp.Expr | None = None
 
     def summary(self) -> str:
         head = f"{self.reducer} of {self.combine}(u, x):"
@@ -85,7 +86,7 @@ def derive_repair(reducer: str, combine: str) -> Repair:
     sols = sp.solve(sp.Eq(g(a, R), T), a)
     if len(sols) != 1:
         return Repair(reducer, combine, "?", "?", "", None, False,
-                      f"{combine}(a, r) = t has {len(sols)} solutions for a; need exactly one")
+                      f"{combine}(a, r) = t has {len(sols)} solutions for a; need exactly one", None)
     inv = sp.simplify(sols[0])
     h = sp.simplify(g(inv, RP))
     y1, y2 = sp.symbols("y1 y2", real=True)
@@ -103,4 +104,4 @@ def derive_repair(reducer: str, combine: str) -> Repair:
     else:
         reason = f"proved h({reducer}(y1, y2)) = {reducer}(h(y1), h(y2)) and h({ident}) = {ident}"
     ok = hom and keeps_identity and factor is not None
-    return Repair(reducer, combine, str(inv), str(h), shape, factor, ok, reason)
+    return Repair(reducer, combine, str(inv), str(h), shape, factor, ok, reason, h)

@@ -4,6 +4,7 @@ rewrite (EggOps) and the sympy obligation (SymOps).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
@@ -30,10 +31,69 @@ class Rule:
     meaning: str
     egglog: Callable[[], list]                  # the commands this rule adds to its ruleset
     obligation: Callable[[], tuple[str, bool]]  # (statement, proved)
+    # numeric check: values -> None when the rule holds there, else a description of the counterexample
+    numeric: Callable[[list[float]], str | None] | None = None
+    nvalues: int = 0
 
     @cached_property
     def proof(self) -> tuple[str, bool]:
         return self.obligation()
+
+    def counterexample(self, examples: int = 200) -> str | None:
+        """Search random values with hypothesis; the shrunk counterexample, or None."""
+        if self.numeric is None:
+            return None
+        from hypothesis import HealthCheck, given, settings, strategies as st
+        found: list[str] = []
+        values = st.floats(-6, 6, allow_nan=False, allow_subnormal=False)
+
+        @settings(max_examples=examples, database=None, deadline=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))
+        @given(st.lists(values, min_size=self.nvalues, max_size=self.nvalues))
+        def holds(vals: list[float]) -> None:
+            bad = self.numeric(vals)
+            if bad is not None:
+                found.append(bad)
+                raise AssertionError(bad)
+
+        try:
+            holds()
+        except AssertionError:
+            return found[-1]
+        return None
+
+
+def close(x: float, y: float) -> bool:
+    """Equal up to rounding, with infinities and NaNs equal to themselves."""
+    if math.isnan(x) or math.isnan(y):
+        return math.isnan(x) and math.isnan(y)
+    if math.isinf(x) or math.isinf(y):
+        return x == y or (abs(x) > 1e300 and abs(y) > 1e300)
+    return abs(x - y) <= 1e-9 * max(1.0, abs(x), abs(y))
+
+
+class NumOps:
+    """Evaluates rule patterns on floats."""
+    UN = {"neg": lambda a: -a, "exp": math.exp, "exp2": lambda a: 2.0 ** a, "log": math.log, "tanh": math.tanh,
+          "sqrt": math.sqrt, "abs": abs, "recip": lambda a: 1 / a}
+    BIN = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+           "div": lambda a, b: a / b, "max": max, "min": min}
+
+    def un(self, fn, a): return self.UN[fn](a)
+    def bin(self, fn, a, b): return self.BIN[fn](a, b)
+    def cast(self, dtype, a): return a
+    def const(self, v): return v
+
+
+def evaluate_both(lhs: Callable, rhs: Callable):
+    """A numeric check of lhs = rhs: None where they agree (or are undefined), else the counterexample."""
+    def check(vals: list[float]) -> str | None:
+        try:
+            left, right = lhs(NumOps(), *vals), rhs(NumOps(), *vals)
+        except (ValueError, ZeroDivisionError, OverflowError):
+            return None
+        return None if close(left, right) else f"values {vals}: left {left!r} != right {right!r}"
+    return check
 
 
 def identity(name: str, family: str, meaning: str, lhs: Callable, rhs: Callable, nvars: int,
@@ -52,7 +112,7 @@ def identity(name: str, family: str, meaning: str, lhs: Callable, rhs: Callable,
         left, right = lhs(SymOps(), *syms), rhs(SymOps(), *syms)
         return f"{left} = {right}", proves(left, right)
 
-    return Rule(name, family, meaning, build, obligation)
+    return Rule(name, family, meaning, build, obligation, evaluate_both(lhs, rhs), nvars)
 
 
 def make_ruleset(name: str, rules: list[Rule], extra: list | None = None) -> Ruleset:

@@ -9,7 +9,7 @@ from egglog import String, rule, union, var
 
 from neptune_eqsat.eterm import ETerm, free
 from neptune_eqsat.proof import IDENTITY, REDUCER_OPS, SymOps, proves
-from neptune_eqsat.rulebook import Rule, make_ruleset
+from neptune_eqsat.rulebook import NumOps, Rule, close, make_ruleset
 
 OPS = ("add", "sub", "mul", "div")
 
@@ -33,8 +33,23 @@ def _egglog(reducer: str, op: str, name: str):
     return build
 
 
+def _numeric(reducer: str, op: str):
+    """Three values of x and one c: reduce(x op c) against reduce(x) op c."""
+    red = {"sum": sum, "max": max, "min": min}[reducer]
+    apply = NumOps.BIN[op]
+
+    def check(vals: list[float]) -> str | None:
+        xs, c = vals[:3], vals[3]
+        try:
+            left, right = red(apply(x, c) for x in xs), apply(red(xs), c)
+        except ZeroDivisionError:
+            return None
+        return None if close(left, right) else f"x = {xs}, c = {c}: {left!r} != {right!r}"
+    return check
+
+
 RULES = [Rule(f"{r}-pull-{op}", "reduction", f"{r}_j(x {op} c) = {r}_j(x) {op} c when c does not vary along j",
-              _egglog(r, op, f"{r}-pull-{op}"), _obligation(r, op))
+              _egglog(r, op, f"{r}-pull-{op}"), _obligation(r, op), _numeric(r, op), 4)
          for r in REDUCER_OPS for op in OPS]
 
 reduction = make_ruleset("reduction", RULES)

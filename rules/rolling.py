@@ -12,8 +12,8 @@ import sympy as sp
 from egglog import String, rule, union, var
 
 from neptune_eqsat.eterm import ETerm, deps, free
-from neptune_eqsat.proof import REDUCER_OPS, RP, R, derive_repair
-from neptune_eqsat.rulebook import Rule, make_ruleset
+from neptune_eqsat.proof import REDUCER_OPS, RP, R, T, derive_repair
+from neptune_eqsat.rulebook import NumOps, Rule, close, make_ruleset
 
 COMBINERS = ("add", "sub", "mul", "div")
 
@@ -69,9 +69,34 @@ def _obligation(reducer: str, combine: str):
     return check
 
 
+def _numeric(reducer: str, combine: str):
+    """Run the rolled loop on values u_1..u_3 while x takes the values r_1..r_3 (x as its reductions grow):
+    acc_k = f(h(acc_{k-1}, r_{k-1}, r_k), g(u_k, r_k)) must equal the reduction of g(u_j, r_3) over all j."""
+    f = {"sum": lambda a, b: a + b, "max": max, "min": min}[reducer]
+    g = NumOps.BIN[combine]
+
+    def check(vals: list[float]) -> str | None:
+        rep = derive_repair(reducer, combine)
+        if rep.h_expr is None:
+            return "no repair term to run"
+        h = sp.lambdify((T, R, RP), rep.h_expr)
+        us, rs = vals[:3], [x if abs(x) > 0.1 else 0.1 for x in vals[3:]]
+        try:
+            acc = g(us[0], rs[0])
+            for k in (1, 2):
+                acc = f(h(acc, rs[k - 1], rs[k]), g(us[k], rs[k]))
+            want = g(us[0], rs[2])
+            for k in (1, 2):
+                want = f(want, g(us[k], rs[2]))
+        except ZeroDivisionError:
+            return None
+        return None if close(float(acc), float(want)) else f"u = {us}, x = {rs}: rolled {acc!r} != direct {want!r}"
+    return check
+
+
 RULES = [Rule(f"roll-{r}-{c}", "rolling",
               f"{r}_j({c}(u, x)) in one pass with the reductions x waits for, repaired by the derived h",
-              _egglog(r, c, f"roll-{r}-{c}"), _obligation(r, c))
+              _egglog(r, c, f"roll-{r}-{c}"), _obligation(r, c), _numeric(r, c), 6)
          for r in REDUCER_OPS for c in COMBINERS]
 
 rolling = make_ruleset("rolling", RULES)
