@@ -16,6 +16,7 @@ from egglog import EGraph, get_callable_args, get_callable_fn, get_literal_value
 
 from .cost import PlanCost, plan_cost
 from .eterm import ETerm, deps, free, nonpositive
+from . import ir
 from .ir import Term
 from .saturate import Saturation
 from .schedule import Schedule, schedule
@@ -95,6 +96,7 @@ def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device) -> li
             continue
         seen.add(term)
         sched = schedule(spec, term)
-        out.append(Candidate(family, term, sched, plan_cost(sched, sizes, device)))
+        kind = "rolled" if any(t.op == "roll" for t in ir.walk(term)) else "unfused"
+        out.append(Candidate(kind, term, sched, plan_cost(sched, sizes, device)))
     out.sort(key=lambda cand: cand.cost.seconds)
     return out
