@@ -9,7 +9,6 @@ Each extracted term is scheduled and priced by `cost.plan_cost`; the cheapest pl
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from egglog import EGraph, get_callable_args, get_callable_fn, get_literal_value
@@ -22,9 +21,9 @@ from .saturate import Saturation
 from .schedule import Schedule, schedule
 from .spec import Spec
 
-OVERFLOW_RISK = 1e24     # exp of a value that may be large
-EXTRA_PASS = 1e18        # a reduction that must wait for another over its own axis
-OP_WORK = {"exp": 8.0, "exp_or_zero": 9.0, "exp2": 2.0, "exp2_or_zero": 3.0, "log": 4.0, "tanh": 6.0, "sqrt": 2.0, "recip": 2.0, "div": 2.0, "finite_or_zero": 1.0}
+OP_WORK = {"exp": 8.0, "exp_or_zero": 9.0, "exp2": 2.0, "exp2_or_zero": 3.0, "log": 4.0, "tanh": 6.0, "sqrt": 2.0,
+           "recip": 2.0, "div": 2.0, "finite_or_zero": 1.0}
+ZERO = (0, 0, 0, 0.0)
 
 
 @dataclass
@@ -41,38 +40,40 @@ def _axes(eg: EGraph, table, expr) -> set[str]:
 
 
 def node_cost(family: str, weight, load_axes):
-    """The per-node cost for one plan family; monotone (never below a child's cost). Analyses are read on
-    the children only (the node itself is being extracted)."""
-    def cost(eg: EGraph, expr, kids: list) -> float:
+    """The per-node cost for one plan family, compared in order: (banned forms, exps that may overflow,
+    reductions that must wait for another over their axis, work). Every node adds work >= 1, so a node
+    always costs more than each child (monotone, which extraction over cycles needs); separate counts keep
+    a large penalty from swallowing small differences in work. Analyses are read on the children only
+    (the node itself is being extracted)."""
+    def cost(eg: EGraph, expr, kids: list) -> tuple:
         if not isinstance(expr, ETerm):   # literals (names, numbers)
-            return 0.0
+            return ZERO
         name = str(get_callable_fn(expr)).split(".")[-1]
         args = get_callable_args(expr)
-        total = float(sum(kids))
+        banned = risks = waits = 0
         if name in ("axis", "dim", "const", "acc"):
-            return 1.0
-        if name == "load":
-            return 2.0 * weight(load_axes(*(get_literal_value(a) for a in args)))
-        terms = [a for a in args if isinstance(a, ETerm)]
-        axes = set().union(*(_axes(eg, free, a) for a in terms))
-        if name in ("red", "roll"):
-            axes.discard(get_literal_value(args[1]))
-        own = weight(axes)
-        if name in ("un", "bin"):
-            fn = get_literal_value(args[0])
-            own *= OP_WORK.get(fn, 1.0)
-            if fn in ("exp", "exp2") and eg.lookup_function_value(nonpositive(args[1])) is None:
-                own += OVERFLOW_RISK
-        elif name in ("red", "roll"):
-            ax = get_literal_value(args[1])
-            own *= weight({ax})
-            if name == "roll" and family == "unfused":
-                return math.inf
-            if name == "red" and family == "rolled" and ax in _axes(eg, deps, args[2]):
-                own += EXTRA_PASS
-        elif name == "cast":
-            own *= 0.5
-        return own + total
+            own = 1.0
+        elif name == "load":
+            own = 2.0 * weight(load_axes(*(get_literal_value(a) for a in args)))
+        else:
+            terms = [a for a in args if isinstance(a, ETerm)]
+            axes = set().union(*(_axes(eg, free, a) for a in terms))
+            if name in ("red", "roll"):
+                axes.discard(get_literal_value(args[1]))
+            own = weight(axes)
+            if name in ("un", "bin"):
+                fn = get_literal_value(args[0])
+                own *= OP_WORK.get(fn, 1.0)
+                risks = int(fn in ("exp", "exp2") and eg.lookup_function_value(nonpositive(args[1])) is None)
+            elif name in ("red", "roll"):
+                ax = get_literal_value(args[1])
+                own *= weight({ax})
+                banned = int(name == "roll" and family == "unfused")
+                waits = int(name == "red" and family == "rolled" and ax in _axes(eg, deps, args[2]))
+            elif name == "cast":
+                own *= 0.5
+        parts = [(banned, risks, waits, own)] + [k for k in kids if isinstance(k, tuple)]
+        return tuple(sum(p[n] for p in parts) for n in range(4))
     return cost
 
 
@@ -89,7 +90,7 @@ def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device) -> li
     for family in ("rolled", "unfused"):
         cost = node_cost(family, weight, lambda t, key: set().union(*(i.free for i in sat.mirror.loads[(t, key)])))
         best, c = sat.egraph.extract(sat.root, include_cost=True, cost_model=cost)
-        if not math.isfinite(c):
+        if c[0]:   # only banned forms exist
             continue
         term = sat.mirror.from_egg(best)
         if term in seen:
