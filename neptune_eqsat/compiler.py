@@ -52,6 +52,12 @@ class Result:
         lines.append("chosen plan:")
         lines += ["    " + x for x in ir.show_lets(self.chosen.term)]
         c = self.chosen
+        for r in c.sched.reductions:
+            waits = [d for d in c.sched.reductions if c.sched.pass_of[d] < c.sched.pass_of[r] and d in ir.walk(r)]
+            if r.op == "red" and waits:
+                lines.append(f"not rolled: {ir.show(r)[:100]} waits for {ir.show(waits[0])[:60]}: no rolling rewrite "
+                             f"applied (its body has no form u op x with x read only from finished reductions over "
+                             f"{r.attrs[1]} and u from none, or the repair for that op is refused above)")
         lines.append(f"chosen: {c.family} ({c.sched.passes} pass{'es' if c.sched.passes != 1 else ''} over "
                      f"{c.sched.loop}; rows {c.sched.row}, columns {c.sched.col}, programs over {list(c.sched.grid)})")
         return "\n".join(lines)

@@ -83,3 +83,16 @@ def test_unfused_plan_runs_too():
     mod = load_module(module_source(unfused.sched, "softmax_unfused", "unfused"), "softmax_unfused")
     inputs = random_inputs(spec, {"R": 5, "N": 70}, seed=5)
     assert torch.allclose(mod.forward(*inputs.values()).double(), evaluate(spec, inputs), atol=1e-5)
+
+
+def test_chain_that_cannot_be_repaired_stays_unfused_and_says_why(tmp_path):
+    """sum_j (x - max_j x)^2 has no separable form u op x: it is not rolled, explain says so, and the two-pass
+    kernel is still correct."""
+    path = tmp_path / "squared_deviation.py"
+    path.write_text("from neptune_eqsat.spec import *\nspec = Spec('squared_deviation')\n"
+                    "R, N = spec.dims(R=1024, N=1024)\nr, j = spec.axes(r=R, j=N)\nx = spec.input('x', f32, R, N)\n"
+                    "dev = x[r, j] - max(j, x[r, j])\nspec.output('y', f32, sum(j, dev * dev), r)\n")
+    result = optimize(path)
+    assert result.chosen.family == "unfused" and result.chosen.sched.passes == 2
+    assert "not rolled: sum(j, ((x[r, j] - max(j, x[r, j]))" in result.explain()
+    assert_close(str(path), {"R": 7, "N": 45})
