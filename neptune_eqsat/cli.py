@@ -145,6 +145,8 @@ def rules_explain(name: str) -> None:
     (r,) = _select((name,))
     stmt, ok = r.proof
     click.echo(f"{r.name} ({r.family}): {r.meaning}")
+    if r.example:
+        click.echo(f"  example:  {r.example[0]}\n        ->  {r.example[1]}")
     for cmd in r.egglog():
         click.echo(f"  e-graph rule: {cmd}")
     click.echo(f"  obligation: {stmt}")

@@ -34,6 +34,7 @@ class Rule:
     # numeric check: values -> None when the rule holds there, else a description of the counterexample
     numeric: Callable[[list[float]], str | None] | None = None
     nvalues: int = 0
+    example: tuple[str, str] | None = None      # a tiny term before and after the rewrite
 
     @cached_property
     def proof(self) -> tuple[str, bool]:
@@ -70,6 +71,16 @@ def close(x: float, y: float) -> bool:
     if math.isinf(x) or math.isinf(y):
         return x == y or (abs(x) > 1e300 and abs(y) > 1e300)
     return abs(x - y) <= 1e-9 * max(1.0, abs(x), abs(y))
+
+
+class ShowOps:
+    """Renders rule patterns as text, for examples."""
+    def un(self, fn, a): return f"-{a}" if fn == "neg" else f"{fn}({a})"
+    def bin(self, fn, a, b):
+        sym = {"add": "+", "sub": "-", "mul": "*", "div": "/"}.get(fn)
+        return f"({a} {sym} {b})" if sym else f"{fn}({a}, {b})"
+    def cast(self, dtype, a): return f"cast({a}, {dtype})"
+    def const(self, v): return repr(v)
 
 
 class NumOps:
@@ -112,7 +123,9 @@ def identity(name: str, family: str, meaning: str, lhs: Callable, rhs: Callable,
         left, right = lhs(SymOps(), *syms), rhs(SymOps(), *syms)
         return f"{left} = {right}", proves(left, right)
 
-    return Rule(name, family, meaning, build, obligation, evaluate_both(lhs, rhs), nvars)
+    names = ["x[i, j]", "m[i]", "v[j]", "w", "y", "z", "u", "t"][:nvars]
+    example = (lhs(ShowOps(), *names), rhs(ShowOps(), *names))
+    return Rule(name, family, meaning, build, obligation, evaluate_both(lhs, rhs), nvars, example)
 
 
 def make_ruleset(name: str, rules: list[Rule], extra: list | None = None) -> Ruleset:

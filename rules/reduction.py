@@ -49,7 +49,8 @@ def _numeric(reducer: str, op: str):
 
 
 RULES = [Rule(f"{r}-pull-{op}", "reduction", f"{r}_j(x {op} c) = {r}_j(x) {op} c when c does not vary along j",
-              _egglog(r, op, f"{r}-pull-{op}"), _obligation(r, op), _numeric(r, op), 4)
+              _egglog(r, op, f"{r}-pull-{op}"), _obligation(r, op), _numeric(r, op), 4,
+              (f"{r}(j, x[i, j] {op} c[i])", f"{r}(j, x[i, j]) {op} c[i]"))
          for r in REDUCER_OPS for op in OPS]
 
 reduction = make_ruleset("reduction", RULES)

@@ -94,9 +94,20 @@ def _numeric(reducer: str, combine: str):
     return check
 
 
+def _example(reducer: str, combine: str) -> tuple[str, str]:
+    x = "exp(-max(j, s[i, j]))"
+    before = f"{reducer}(j, {combine}(u[i, j], {x}))"
+    rep = derive_repair(reducer, combine)
+    if not rep.proved:
+        return before, f"(not rewritten: {rep.reason})"
+    factor = str(rep.factor).replace("r'", "X").replace("r", "prev_j(X)").replace("X", x)
+    op = "*" if rep.shape == "mul" else "+"
+    return before, f"roll_{reducer}(j, {combine}(u[i, j], {x}), repair=acc {op} finite_or_zero({factor}))"
+
+
 RULES = [Rule(f"roll-{r}-{c}", "rolling",
               f"{r}_j({c}(u, x)) in one pass with the reductions x waits for, repaired by the derived h",
-              _egglog(r, c, f"roll-{r}-{c}"), _obligation(r, c), _numeric(r, c), 6)
+              _egglog(r, c, f"roll-{r}-{c}"), _obligation(r, c), _numeric(r, c), 6, _example(r, c))
          for r in REDUCER_OPS for c in COMBINERS]
 
 rolling = make_ruleset("rolling", RULES)

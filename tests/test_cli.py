@@ -60,3 +60,4 @@ def test_rules_explain_shows_rewrite_and_obligation():
     res = CliRunner().invoke(main, ["rules", "explain", "roll-sum-div"])
     assert res.exit_code == 0
     assert "h(t, r, r') = r*t/r'" in res.output and "ETerm.roll" in res.output and "passed" in res.output
+    assert "example:  sum(j, div(u[i, j]" in res.output and "-> " in res.output
