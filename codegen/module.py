@@ -10,7 +10,7 @@ from neptune_eqsat import ir
 from neptune_eqsat.schedule import Schedule
 
 from . import masks
-from .kernel import Context, KernelWriter, pow2
+from .kernel import Context, KernelWriter
 
 GPU_CONFIG = {"num_warps": 8, "num_stages": 3}   # measured best of a small sweep on an H100 (bench/sweep_configs.py)
 INTERPRETER_CONFIG = {"num_warps": 1, "num_stages": 1}
@@ -59,7 +59,7 @@ def _pass_bounds(w: KernelWriter, p: int, reds: list[ir.Term]) -> list[str]:
 
 def kernel_source(sched: Schedule, name: str) -> str:
     w = KernelWriter(sched, name)
-    spec, loop, row, col = sched.spec, sched.loop, sched.row, sched.col
+    spec, loop, row = sched.spec, sched.loop, sched.row
     head: list[str] = []
     if row:
         b = _bounds(w, sched.reductions) if loop else None
@@ -99,9 +99,12 @@ def kernel_source(sched: Schedule, name: str) -> str:
             w.blocks[blk] += [f"offs_{loop} = start + tl.arange(0, {w.block(loop)})"]
             if masked:
                 w.blocks[blk] += [f"valid_{loop} = offs_{loop} < {w.ext(loop)}"]
-            w.blocks[blk] += [f"{w.state[r].code}_prev = {w.state[r].code}" for r in reds]
+            head_lines = len(w.blocks[blk])
             for r in reds:
                 w.update(r)
+            used = " ".join(w.blocks[blk])
+            prevs = [f"{w.state[r].code}_prev = {w.state[r].code}" for r in reds if f"{w.state[r].code}_prev" in used]
+            w.blocks[blk][head_lines:head_lines] = prevs   # the states as they were when the block began
             loops.append(w.blocks[blk])
         bounds = _pass_bounds(w, p, reds)
         loop_lines = []
@@ -233,5 +236,3 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
         call_args=", ".join(call), doc=f"{spec.name}: inputs {', '.join(inputs)}; returns {spec.output_name}.",
     )
 
-
-__all__ = ["module_source", "kernel_source", "pow2"]

@@ -44,20 +44,6 @@ def _is_large(ext) -> bool:
     return not isinstance(ext, int) or ext > TILE_LIMIT
 
 
-def direct_deps(r: Term, loop: str) -> list[Term]:
-    """Loop reductions r reads: in its body (running values) and its repair (also through prev)."""
-    found: list[Term] = []
-    for a in r.args:
-        for t in ir.walk(a):
-            if ir.is_reduction(t) and t.attrs[1] == loop and t not in found and t is not r:
-                if t != r:
-                    found.append(t)
-    # a reduction nested inside another loop reduction's body belongs to that body only if it is reached there;
-    # walk() descends into every reduction, so keep only those not strictly inside another found one
-    inner = {x for t in found for a in t.args for x in ir.walk(a) if ir.is_reduction(x) and x.attrs[1] == loop}
-    return [t for t in found if t not in inner or t in _top_refs(r, loop)]
-
-
 def _top_refs(r: Term, loop: str) -> list[Term]:
     out: list[Term] = []
     for a in r.args:
