@@ -55,7 +55,7 @@ def test_chain_nobody_wrote_repairs_with_t_r_over_r_prime(tmp_path):
     assert ir.show(roll.args[1]) == "(acc * finite_or_zero((prev_j(max(j, x[r, j])) / max(j, x[r, j]))))"
     assert rolled.sched.passes == 1
 
-    from codegen.module import module_source
+    from neptune_eqsat.codegen.module import module_source
     from neptune_eqsat.runtime import load_module
     from neptune_eqsat.reference import evaluate, random_inputs
     mod = load_module(module_source(rolled.sched, "mns_rolled", "rolled"), "mns_rolled")
@@ -77,7 +77,7 @@ def test_unfused_plan_runs_too():
     spec = load_spec(SPECS / "softmax.py")
     result = optimize(SPECS / "softmax.py")
     unfused = next(c for c in result.candidates if c.family == "unfused")
-    from codegen.module import module_source
+    from neptune_eqsat.codegen.module import module_source
     from neptune_eqsat.runtime import load_module
     from neptune_eqsat.reference import evaluate, random_inputs
     mod = load_module(module_source(unfused.sched, "softmax_unfused", "unfused"), "softmax_unfused")
