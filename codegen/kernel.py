@@ -22,8 +22,8 @@ from . import masks
 
 TL_DTYPE = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32", "f64": "tl.float64"}
 UNARY_CODE = {
-    "neg": "-({})", "exp": "tl.exp({})", "exp2": "tl.math.exp2({})",
-    "exp2_or_zero": "tl.where(tl.math.exp2({0}) < float('inf'), tl.math.exp2({0}), 0.0)", "log": "tl.log({})", "sqrt": "tl.sqrt({})", "abs": "tl.abs({})",
+    "neg": "-({})", "exp": "tl.exp({})", "exp2": "tl.math.exp2({})", "log": "tl.log({})", "sqrt": "tl.sqrt({})",
+    "abs": "tl.abs({})", "exp2_or_zero": "tl.where(tl.math.exp2({0}) < float('inf'), tl.math.exp2({0}), 0.0)",
     "recip": "(1.0 / {})", "not": "({} == 0)",
     "tanh": "(2.0 * tl.sigmoid(2.0 * {}) - 1.0)",
     "finite_or_zero": "tl.where(tl.abs({0}) < float('inf'), {0}, 0.0)",

@@ -144,7 +144,8 @@ def key_bounds(pred: Term, row: str, loop: str, name, i_lo: str, i_hi: str, n: s
 # ---- is skipping a masked element sound? -------------------------------------------------------------------
 FINITE = [-2.5, -0.3, 0.0, 0.3, 2.5]
 REDUCED = [-math.inf, -2.5, -0.3, 0.0, 0.3, 2.5]
-_NP_UN = {"neg": np.negative, "exp": np.exp, "log": np.log, "tanh": np.tanh, "sqrt": np.sqrt, "abs": np.abs, "exp2": np.exp2,
+_NP_UN = {"neg": np.negative, "exp": np.exp, "exp2": np.exp2, "log": np.log, "tanh": np.tanh, "sqrt": np.sqrt,
+          "abs": np.abs,
           "exp2_or_zero": lambda x: np.where(np.isfinite(np.exp2(x)), np.exp2(x), 0.0),
           "recip": np.reciprocal, "not": np.logical_not,
           "finite_or_zero": lambda x: np.where(np.isfinite(x), x, 0.0),

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from egglog import EGraph, get_callable_args, get_callable_fn, get_literal_value
 
+from . import ir
 from .cost import PlanCost, plan_cost
 from .eterm import ETerm, deps, free, nonpositive
-from . import ir
 from .ir import Term
 from .saturate import Saturation
 from .schedule import Schedule, schedule

@@ -69,7 +69,7 @@ def close(x: float, y: float) -> bool:
     if math.isnan(x) or math.isnan(y):
         return math.isnan(x) and math.isnan(y)
     if math.isinf(x) or math.isinf(y):
-        return x == y or (abs(x) > 1e300 and abs(y) > 1e300)
+        return x == y or (x * y > 0 and abs(x) > 1e300 and abs(y) > 1e300)
     return abs(x - y) <= 1e-9 * max(1.0, abs(x), abs(y))
 
 
@@ -89,6 +89,7 @@ class NumOps:
           "sqrt": math.sqrt, "abs": abs, "recip": lambda a: 1 / a}
     BIN = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
            "div": lambda a, b: a / b, "max": max, "min": min}
+    REDUCE = {"sum": BIN["add"], "max": max, "min": min}   # a reducer's binary step
 
     def un(self, fn, a): return self.UN[fn](a)
     def bin(self, fn, a, b): return self.BIN[fn](a, b)

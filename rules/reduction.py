@@ -4,6 +4,8 @@ Generated for every (reducer, operation) pair; only pairs whose obligation sympy
 the operation distributes over the reducer, (y1 f y2) op c = (y1 op c) f (y2 op c), and keeps the reducer's
 identity (an empty range stays empty).
 """
+import functools
+
 import sympy as sp
 from egglog import String, rule, union, var
 
@@ -35,13 +37,12 @@ def _egglog(reducer: str, op: str, name: str):
 
 def _numeric(reducer: str, op: str):
     """Three values of x and one c: reduce(x op c) against reduce(x) op c."""
-    red = {"sum": sum, "max": max, "min": min}[reducer]
-    apply = NumOps.BIN[op]
+    step, apply = NumOps.REDUCE[reducer], NumOps.BIN[op]
 
     def check(vals: list[float]) -> str | None:
         xs, c = vals[:3], vals[3]
         try:
-            left, right = red(apply(x, c) for x in xs), apply(red(xs), c)
+            left, right = functools.reduce(step, [apply(x, c) for x in xs]), apply(functools.reduce(step, xs), c)
         except ZeroDivisionError:
             return None
         return None if close(left, right) else f"x = {xs}, c = {c}: {left!r} != {right!r}"

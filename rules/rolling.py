@@ -72,8 +72,7 @@ def _obligation(reducer: str, combine: str):
 def _numeric(reducer: str, combine: str):
     """Run the rolled loop on values u_1..u_3 while x takes the values r_1..r_3 (x as its reductions grow):
     acc_k = f(h(acc_{k-1}, r_{k-1}, r_k), g(u_k, r_k)) must equal the reduction of g(u_j, r_3) over all j."""
-    f = {"sum": lambda a, b: a + b, "max": max, "min": min}[reducer]
-    g = NumOps.BIN[combine]
+    f, g = NumOps.REDUCE[reducer], NumOps.BIN[combine]
 
     def check(vals: list[float]) -> str | None:
         rep = derive_repair(reducer, combine)
