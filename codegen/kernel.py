@@ -176,7 +176,7 @@ class KernelWriter:
             a, b = self.as_float(a), self.as_float(b)
             code = f"tl.where({self.expand(c, axes)}, {self.expand(a, axes)}, {self.expand(b, axes)})"
             return Val(self.put(blk, code), axes, "f32")
-        if op in ("red", "roll"):
+        if op in ("red", "roll", "split"):
             if at[1] == self.loop:
                 if t not in self.state:
                     raise SpecError(f"internal: reduction {ir.show(t)} read before it is scheduled")
@@ -249,7 +249,7 @@ class KernelWriter:
         return va, vb, x, y, ""
 
     def inner_reduction(self, t: Term, prev: bool, blk: str) -> Val:
-        reducer, k = t.attrs
+        reducer, k = t.attrs[:2]
         body = t.args[0]
         if reducer == "sum" and self.contraction(body, k):
             va, vb, x, y, prec = self.dot_operands(body, k, prev, zero_invalid=False)
@@ -285,11 +285,11 @@ class KernelWriter:
 
     def update(self, r: Term) -> None:
         """state = f(repair(state), reduce of this block)."""
-        reducer, k = r.attrs
+        reducer, k = r.attrs[:2]
         body, blk = r.args[0], self.ctx.body
         st = self.state[r]
         cur = st
-        if r.op == "roll":
+        if r.op in ("roll", "split"):   # a split reduction runs rolled within its chunk
             self.ctx.acc = st
             rep = self.emit(r.args[1])
             self.ctx.acc = None

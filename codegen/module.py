@@ -4,13 +4,16 @@ The module imports only torch, triton and the standard library.
 """
 from __future__ import annotations
 
+import inspect
 import textwrap
 
 from neptune_eqsat import ir
+from neptune_eqsat.combine import combine_plan
+from neptune_eqsat.cost import split_count
 from neptune_eqsat.schedule import Schedule
 
 from . import masks
-from .kernel import Context, KernelWriter
+from .kernel import Context, KernelWriter, Val
 
 GPU_CONFIG = {"num_warps": 8, "num_stages": 3}   # measured best of a small sweep on an H100 (bench/sweep_configs.py)
 INTERPRETER_CONFIG = {"num_warps": 1, "num_stages": 1}
@@ -54,10 +57,16 @@ def _pass_bounds(w: KernelWriter, p: int, reds: list[ir.Term]) -> list[str]:
         lines += [f"lo = ({bounds.lo_any} // {bj}) * {bj}", f"hi = {bounds.hi_any}",
                   f"full_lo = tl.minimum(tl.maximum((({bounds.lo_all} + {bj} - 1) // {bj}) * {bj}, lo), hi)",
                   f"full_hi = tl.maximum(tl.minimum(({bounds.hi_all} // {bj}) * {bj}, hi), full_lo)"]
+    if w.s.split:   # this program's chunk of the loop axis
+        lines += ["lo = tl.maximum(lo, chunk_lo)", "hi = tl.minimum(hi, chunk_hi)",
+                  "full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)",
+                  "full_hi = tl.maximum(tl.minimum(full_hi, hi), full_lo)"]
     return [f"{x}  # pass {p}" if i == 0 else x for i, x in enumerate(lines)]
 
 
-def kernel_source(sched: Schedule, name: str) -> str:
+def kernel_source(sched: Schedule, name: str, partials: list | None = None) -> tuple[str, KernelWriter]:
+    """The kernel of a schedule. With `partials` (a split plan's workspaces) it is the partial-results kernel:
+    program axis 2 picks a chunk of the loop axis, and the split reductions' states are stored, not the output."""
     w = KernelWriter(sched, name)
     spec, loop, row = sched.spec, sched.loop, sched.row
     head: list[str] = []
@@ -84,6 +93,9 @@ def kernel_source(sched: Schedule, name: str) -> str:
             head.append(f"valid_{a} = offs_{a} < {w.ext(a)}")
     if row:
         head += [f"i_lo = pid_row * {w.block(row)}", f"i_hi = tl.minimum(i_lo + {w.block(row)}, {w.ext(row)}) - 1"]
+    if partials:
+        head += ["pid_chunk = tl.program_id(2)", "chunk_lo = pid_chunk * chunk_len",
+                 f"chunk_hi = tl.minimum(chunk_lo + chunk_len, {w.ext(loop)})"]
 
     body: list[str] = []
     done: set = set()
@@ -116,7 +128,43 @@ def kernel_source(sched: Schedule, name: str) -> str:
         body += ["__PRE%d__" % p] + w.blocks[f"init{p}"] + bounds + loop_lines
         done |= set(reds)
 
-    # output
+    if partials:
+        body += ["# this chunk's partial results"] + _store_partials(w, partials)
+        outs = [p.name for p in partials]
+        out_axes = {p.name: ("chunk",) + p.axes for p in partials}
+    else:
+        body += _store_output(w, sched, done)
+        outs, out_axes = ["out"], {"out": spec.output_axes}
+    text = "\n".join(body)
+    for p in range(sched.passes):
+        text = text.replace("__PRE%d__" % p, "\n".join(w.blocks[f"pre{p}"]) or "pass")
+    inputs = list(spec.inputs)
+    params = [f"{n}_ptr" for n in inputs] + [f"{n}_ptr" for n in outs]
+    for n in inputs:
+        params += [f"{n}_s{k}" for k in range(len(spec.inputs[n].shape))]
+    for n in outs:
+        params += [f"{n}_s{k}" for k in range(len(out_axes[n]))]
+    params += w.dims + (["chunk_len"] if partials else [])
+    consts = [f"BLOCK_{a.upper()}: tl.constexpr" for a in (row, loop) if a]
+    sig = ",\n    ".join([", ".join(params[i:i + 6]) for i in range(0, len(params), 6)] + consts)
+    code = "\n".join(head + w.blocks["prologue"]) + "\n" + text
+    return f"@triton.jit\ndef {name}_kernel(\n    {sig},\n):\n" + textwrap.indent(code, "    ") + "\n", w
+
+
+def _store_partials(w: KernelWriter, partials: list) -> list[str]:
+    lines = []
+    for p in partials:
+        st = w.state[p.reduction]
+        ptr = " + ".join([f"{p.name}_ptr", f"pid_chunk * {p.name}_s0"] +
+                         [f"{w.expand(w.emit(ir.axis(a)), st.axes)} * {p.name}_s{k + 1}" for k, a in enumerate(p.axes)])
+        checks = [w.expand(Val(f"valid_{a}", (a,), "bool"), st.axes) for a in st.axes if w.padded(a)]
+        lines.append(f"tl.store({ptr}, {st.code}{', mask=' + ' & '.join(checks) if checks else ''})")
+    return lines
+
+
+def _store_output(w: KernelWriter, sched: Schedule, done: set) -> list[str]:
+    spec, loop = sched.spec, sched.loop
+    body: list[str] = []
     out_tile = w.canon({a for a in spec.output_axes if a in w.tile_axes})
     w.ctx = Context("write" if sched.writes_loop else "epilogue", "pre_out" if sched.writes_loop else "epilogue",
                     complete=set(done), running=set())
@@ -140,19 +188,7 @@ def kernel_source(sched: Schedule, name: str) -> str:
         body += [f"for start in range(0, {w.ext(loop)}, {w.block(loop)}):"] + ["    " + x for x in w.blocks["write"]]
     else:
         body += ["# epilogue"] + w.blocks["epilogue"]
-    text = "\n".join(body)
-    for p in range(sched.passes):
-        text = text.replace("__PRE%d__" % p, "\n".join(w.blocks[f"pre{p}"]) or "pass")
-    inputs = list(spec.inputs)
-    params = [f"{n}_ptr" for n in inputs] + ["out_ptr"]
-    for n in inputs:
-        params += [f"{n}_s{k}" for k in range(len(spec.inputs[n].shape))]
-    params += [f"out_s{k}" for k in range(len(spec.output_axes))]
-    params += w.dims
-    consts = [f"BLOCK_{a.upper()}: tl.constexpr" for a in (row, loop) if a]
-    sig = ",\n    ".join([", ".join(params[i:i + 6]) for i in range(0, len(params), 6)] + consts)
-    code = "\n".join(head + w.blocks["prologue"]) + "\n" + text
-    return f"@triton.jit\ndef {name}_kernel(\n    {sig},\n):\n" + textwrap.indent(code, "    ") + "\n", w
+    return body
 
 
 MODULE = '''"""{title}
@@ -176,8 +212,7 @@ CONFIG = {gpu!r}
 INTERPRETER_CONFIG = {cpu!r}
 
 
-{kernel}
-
+{kernels}
 def _bind(sizes, name, x, want):
     if x.dim() != len(want):
         raise ValueError(f"{{name}}: expected {{len(want)}} dimensions {{list(want)}}, got shape {{tuple(x.shape)}}")
@@ -188,7 +223,7 @@ def _bind(sizes, name, x, want):
         elif sizes.setdefault(w, got) != got:
             raise ValueError(f"{{name}}: dimension {{pos}} is {{w}} = {{got}}, but another input has {{w}} = {{sizes[w]}}")
 
-
+{helpers}
 def forward({args}, *, config=None):
     """{doc}"""
     sizes = {{}}
@@ -199,40 +234,88 @@ def forward({args}, *, config=None):
     cfg = dict(INTERPRETER_CONFIG if device.type == "cpu" else CONFIG)
     cfg.update(config or {{}})
 {dims}
-    out = torch.empty(({out_shape}), device=device, dtype={out_dtype})
-    grid = ({grid})
-    {name}_kernel[grid](
-        {call_args},
-        **cfg,
-    )
+{launch}
     return out
 '''
 
 TORCH_DTYPE = {"f16": "torch.float16", "bf16": "torch.bfloat16", "f32": "torch.float32", "f64": "torch.float64"}
+SPLIT_KEYS = ("CHUNKS", "COMBINE")   # config entries that are not kernel arguments
+# the combine kernel reduces over few chunks and holds no matrix tile: small row blocks
+COMBINE_GPU = {"num_warps": 4, "num_stages": 1}
+COMBINE_CPU = {"num_warps": 1, "num_stages": 1}
+
+
+def _grid(w: KernelWriter, sched: Schedule, cfg: str) -> tuple[str, str]:
+    rows = f"triton.cdiv({w.ext(sched.row)}, {cfg}['BLOCK_{sched.row.upper()}'])" if sched.row else "1"
+    return rows, " * ".join([w.ext(g) for g in sched.grid]) or "1"
+
+
+def _launch(name: str, w: KernelWriter, inputs: list[str], outs: list[str], grid: str, cfg: str,
+            extra: tuple[str, ...] = ()) -> list[str]:
+    call = [", ".join(inputs + outs)] + [f"*{n}.stride()" for n in inputs + outs] + list(w.dims) + list(extra)
+    return [f"    {name}_kernel[({grid})](", f"        {', '.join(call)},", f"        **{cfg},", "    )"]
 
 
 def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.py", out_file: str = "OUT.py") -> str:
     spec = sched.spec
-    kernel, w = kernel_source(sched, name)
-    gpu, cpu = _row_loop_blocks(sched)
     inputs = list(spec.inputs)
+    out_alloc = (f"    out = torch.empty(({', '.join(KernelWriter(sched, name).ext(a) for a in spec.output_axes)},), "
+                 f"device=device, dtype={TORCH_DTYPE[spec.output_dtype]})")
+    gpu, cpu = _row_loop_blocks(sched)
+    helpers = ""
+    if sched.split:
+        kernels, w, launch, dims_used = _split_parts(sched, name, inputs, out_alloc, gpu, cpu)
+        helpers = inspect.getsource(split_count) + "\n"
+    else:
+        kernel, w = kernel_source(sched, name)
+        kernels, dims_used = kernel, w.dims
+        launch = [out_alloc] + _launch(name, w, inputs, ["out"], ", ".join(_grid(w, sched, "cfg")), "cfg")
 
     def shape_code(shape) -> str:
         return "(" + ", ".join(repr(s) if isinstance(s, int) else repr(s.name) for s in shape) + ",)"
 
     binds = "\n".join(f"    _bind(sizes, {n!r}, {n}, {shape_code(spec.inputs[n].shape)})" for n in inputs)
-    dims = "\n".join(f"    {d} = sizes[{d!r}]" for d in w.dims)
-    out_shape = ", ".join(w.ext(a) for a in spec.output_axes) + ","
-    grid_rows = f"triton.cdiv({w.ext(sched.row)}, cfg['BLOCK_{sched.row.upper()}'])" if sched.row else "1"
-    grid_rest = " * ".join([w.ext(g) for g in sched.grid]) or "1"
-    call = [", ".join(inputs + ["out"])]
-    call += [f"*{n}.stride()" for n in inputs] + ["*out.stride()"] + list(w.dims)
+    dims = "\n".join(f"    {d} = sizes[{d!r}]" for d in dims_used)
     title = (spec.doc.splitlines() or [spec.name])[0]
     return MODULE.format(
         title=title, spec=spec.name, spec_file=spec_file, out_file=out_file,
-        plan=textwrap.indent(plan, "    "), plan_one=plan, name=name, gpu=gpu, cpu=cpu, kernel=kernel,
-        args=", ".join(inputs), first=inputs[0], binds=binds, dims=dims or "    pass",
-        out_shape=out_shape, out_dtype=TORCH_DTYPE[spec.output_dtype], grid=f"{grid_rows}, {grid_rest}",
-        call_args=", ".join(call), doc=f"{spec.name}: inputs {', '.join(inputs)}; returns {spec.output_name}.",
+        plan=textwrap.indent(plan, "    "), plan_one=plan, name=name, gpu=gpu, cpu=cpu, kernels=kernels,
+        helpers=helpers, args=", ".join(inputs), first=inputs[0], binds=binds, dims=dims or "    pass",
+        launch="\n".join(launch), doc=f"{spec.name}: inputs {', '.join(inputs)}; returns {spec.output_name}.",
     )
 
+
+def _split_parts(sched: Schedule, name: str, inputs: list[str], out_alloc: str, gpu: dict, cpu: dict):
+    """Kernels and launch code of a split plan: partial results per chunk, then the combine."""
+    comb = combine_plan(sched)
+    part_src, w = kernel_source(sched, name, comb.partials)
+    cname = f"{name}_combine"
+    comb_src, cw = kernel_source(comb.sched, cname)
+    cgpu, ccpu = _row_loop_blocks(comb.sched)
+    for c, base in ((cgpu, COMBINE_GPU), (ccpu, COMBINE_CPU)):
+        c.update(base)
+        c[f"BLOCK_{comb.sched.row.upper()}"] = 4 if c is cgpu else 2
+        c[f"BLOCK_{comb.chunk_axis.upper()}"] = 16 if c is cgpu else 4
+    for c, small in ((gpu, 16), (cpu, 16)):
+        c[f"BLOCK_{sched.row.upper()}"] = small   # few query rows: the smallest tile the matrix units take
+    gpu.update(num_warps=4, CHUNKS=0, COMBINE=cgpu)
+    cpu.update(CHUNKS=0, COMBINE=ccpu)
+    rows, rest = _grid(w, sched, "cfg")
+    n, bj = w.ext(sched.loop), f"cfg['BLOCK_{sched.loop.upper()}']"
+    launch = [f"    kernel_cfg = {{k: v for k, v in cfg.items() if k not in {SPLIT_KEYS!r}}}",
+              f"    blocks = triton.cdiv({n}, {bj})",
+              "    slots = torch.cuda.get_device_properties(device).multi_processor_count if device.type == \"cuda\" "
+              "else 4",
+              f"    chunks = cfg['CHUNKS'] or split_count({rows} * {rest}, blocks, slots)",
+              f"    chunk_len = max(triton.cdiv(blocks, chunks), 1) * {bj}",
+              f"    {comb.chunk_dim} = max(triton.cdiv({n}, chunk_len), 1)   # no empty chunks"]
+    for p in comb.partials:
+        shape = ", ".join([comb.chunk_dim] + [w.ext(a) for a in p.axes])
+        launch.append(f"    {p.name} = torch.empty(({shape},), device=device, dtype=torch.float32)")
+    launch += _launch(name, w, inputs, [p.name for p in comb.partials], f"{rows}, {rest}, {comb.chunk_dim}",
+                      "kernel_cfg", ("chunk_len",))
+    launch += [out_alloc, "    combine_cfg = dict(cfg['COMBINE'])"]
+    crows, crest = _grid(cw, comb.sched, "combine_cfg")
+    launch += _launch(cname, cw, list(comb.spec.inputs), ["out"], f"{crows}, {crest}", "combine_cfg")
+    dims = [d for d in dict.fromkeys(w.dims + cw.dims) if d != comb.chunk_dim]
+    return part_src + "\n\n" + comb_src, w, launch, dims

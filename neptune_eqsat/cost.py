@@ -51,18 +51,35 @@ class PlanCost:
     passes: int
     programs: int
     launches: int = 1
+    chunks: int = 1
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        return (f"{self.seconds * 1e6:9.1f} us  passes={self.passes} programs={self.programs} "
+        split = f" chunks={self.chunks} launches={self.launches}" if self.launches > 1 else ""
+        return (f"{self.seconds * 1e6:9.1f} us  passes={self.passes} programs={self.programs}{split} "
                 f"bytes={self.bytes / 1e6:.1f}MB mma={self.matrix_flops / 1e9:.1f}GF "
                 f"vector={self.vector_ops / 1e9:.2f}G special={self.special_ops / 1e9:.2f}G")
+
+
+def split_count(programs: int, blocks: int, slots: int) -> int:
+    """Chunks to split a loop of `blocks` key blocks into, when `programs` programs run it and the device runs
+    `slots` programs at a time: the count minimizing waves x (blocks per chunk + one block of overhead for
+    the chunk's start and its partial results). Self-contained: the generated launcher carries a copy."""
+    best, best_time = 1, None
+    for chunks in range(1, max(1, min(blocks, 4 * slots)) + 1):
+        waves = -(-programs * chunks // slots)
+        time = waves * (-(-blocks // chunks) + 1)
+        if best_time is None or time < best_time:
+            best, best_time = chunks, time
+    return best
 
 
 def plan_cost(sched: Schedule, sizes: dict[str, int], device: Device | None = None,
               block_rows: int = 128, block_loop: int = 64) -> PlanCost:
     device = device or Device()
     spec = sched.spec
+    if sched.split and sched.row and block_rows > 16:
+        block_rows = 16   # split plans serve few rows: the smallest tile the matrix units take
 
     def ext(a: str) -> int:
         e = spec.extent(a)
@@ -78,6 +95,9 @@ def plan_cost(sched: Schedule, sizes: dict[str, int], device: Device | None = No
     def elems(t: Term) -> int:
         axes = t.free & ({sched.row, sched.loop, sched.col} | set(sched.inner))
         return math.prod(tile(a) for a in axes if a)
+
+    def elems_out(t: Term) -> int:   # a reduction's result per program (its row and column tile)
+        return math.prod(tile(a) for a in t.free & {sched.row, sched.col} if a)
 
     programs = math.prod(ext(g) for g in sched.grid) * (math.ceil(ext(sched.row) / block_rows) if sched.row else 1)
     tot = {"bytes": 0.0, "mma": 0.0, "vec": 0.0, "sfu": 0.0}
@@ -95,6 +115,11 @@ def plan_cost(sched: Schedule, sizes: dict[str, int], device: Device | None = No
                 tot["vec"] += n * (elems(t.args[0]) / max(elems(t), 1) if ir.is_reduction(t) else 1)
 
     iters = math.ceil(ext(sched.loop) / tile(sched.loop)) if sched.loop else 0
+    chunks = split_count(programs, iters, device.sms) if sched.split else 1
+    if sched.split:   # each chunk's partial results are written, then read back by the combine
+        for r in sched.reductions:
+            tot["bytes"] += 2 * 4 * chunks * programs * elems_out(r)
+    rows_programs, programs, iters = programs, programs * chunks, math.ceil(iters / chunks)
     for p in range(sched.passes):
         per_block: list[Term] = []
         for r in sched.in_pass(p):
@@ -110,16 +135,20 @@ def plan_cost(sched: Schedule, sizes: dict[str, int], device: Device | None = No
     if sched.writes_loop:
         charge([t for t in out_values if sched.loop in t.free], iters * programs)
     else:
-        charge([t for t in out_values if not t.free & {sched.loop}], programs)
+        charge([t for t in out_values if not t.free & {sched.loop}], rows_programs)
     out_elems = math.prod(ext(a) for a in spec.output_axes)
     tot["bytes"] += out_elems * DTYPE_BYTES[spec.output_dtype]
     compute = tot["mma"] / device.matrix_flops + tot["vec"] / device.vector_ops + tot["sfu"] / device.special_ops
     memory = tot["bytes"] / device.bandwidth
     waves = math.ceil(programs / device.sms)
     fill = programs / (waves * device.sms)
-    seconds = max(compute, memory) / fill + device.launch_seconds
+    launches = 2 if sched.split else 1
+    seconds = max(compute, memory) / fill + launches * device.launch_seconds
     notes = [f"{programs} programs on {device.sms} SMs: {fill:.0%} filled"]
-    return PlanCost(seconds, tot["bytes"], tot["mma"], tot["vec"], tot["sfu"], sched.passes, programs, 1, notes)
+    if sched.split:
+        notes.append(f"{sched.loop} split into {chunks} chunks (partials combined by a second kernel)")
+    return PlanCost(seconds, tot["bytes"], tot["mma"], tot["vec"], tot["sfu"], sched.passes, programs, launches,
+                    chunks, notes)
 
 
 def _is_product(body: Term, k: str) -> bool:

@@ -35,6 +35,8 @@ class ETerm(Expr):
     @classmethod
     def roll(cls, reducer: StringLike, axis: StringLike, body: ETerm, repair: ETerm) -> ETerm: ...
     @classmethod
+    def split(cls, reducer: StringLike, axis: StringLike, chunks: StringLike, body: ETerm, repair: ETerm) -> ETerm: ...
+    @classmethod
     def acc(cls) -> ETerm: ...
     @classmethod
     def prev(cls, axis: StringLike, a: ETerm) -> ETerm: ...
@@ -87,6 +89,7 @@ class Mirror:
                      "bin": lambda: ETerm.bin(at[0], *kids), "where": lambda: ETerm.where(*kids),
                      "cast": lambda: ETerm.cast(at[0], *kids), "red": lambda: ETerm.red(at[0], at[1], *kids),
                      "roll": lambda: ETerm.roll(at[0], at[1], *kids), "acc": ETerm.acc,
+                     "split": lambda: ETerm.split(at[0], at[1], at[2], *kids),
                      "prev": lambda: ETerm.prev(at[0], *kids)}[op]()
             memo[x] = y
             return y
@@ -110,7 +113,8 @@ class Mirror:
             elif name == "acc":
                 y = ir.ACC
             else:
-                nattr = {"un": 1, "bin": 1, "where": 0, "cast": 1, "red": 2, "roll": 2, "prev": 1}[name]
+                nattr = {"un": 1, "bin": 1, "where": 0, "cast": 1, "red": 2, "roll": 2, "split": 3,
+                         "prev": 1}[name]
                 y = Term(name, tuple(lits[:nattr]), tuple(go(a) for a in args[nattr:]))
             memo[key] = y
             return y

@@ -5,6 +5,7 @@ axes, exp of a value not known to be <= 0 priced as an overflow risk). Plans dif
 same axis share passes, so one extraction is made per plan family:
   unfused  -- no rolled reduction: a reduction whose body reads another reduction over its axis waits for it
   rolled   -- a reduction that would wait is priced as an extra pass, so rolled forms win where they exist
+  split    -- every reduction over a long axis is split into chunks (split-K); rolled within each chunk
 Each extracted term is scheduled and priced by `cost.plan_cost`; the cheapest plan is chosen.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .cost import PlanCost, plan_cost
 from .eterm import ETerm, deps, free, nonpositive
 from .ir import Term
 from .saturate import Saturation
-from .schedule import Schedule, schedule
+from .schedule import TILE_LIMIT, Schedule, schedule
 from .spec import Spec
 
 OP_WORK = {"exp": 8.0, "exp_or_zero": 9.0, "exp2": 2.0, "exp2_or_zero": 3.0, "log": 4.0, "tanh": 6.0, "sqrt": 2.0,
@@ -39,7 +40,7 @@ def _axes(eg: EGraph, table, expr) -> set[str]:
     return {x.value for x in v.value} if v is not None else set()
 
 
-def node_cost(family: str, weight, load_axes):
+def node_cost(family: str, weight, load_axes, long_axes: set[str]):
     """The per-node cost for one plan family, compared in order: (banned forms, exps that may overflow,
     reductions that must wait for another over their axis, work). Every node adds work >= 1, so a node
     always costs more than each child (monotone, which extraction over cycles needs); separate counts keep
@@ -58,18 +59,22 @@ def node_cost(family: str, weight, load_axes):
         else:
             terms = [a for a in args if isinstance(a, ETerm)]
             axes = set().union(*(_axes(eg, free, a) for a in terms))
-            if name in ("red", "roll"):
+            if name in ("red", "roll", "split"):
                 axes.discard(get_literal_value(args[1]))
             own = weight(axes)
             if name in ("un", "bin"):
                 fn = get_literal_value(args[0])
                 own *= OP_WORK.get(fn, 1.0)
                 risks = int(fn in ("exp", "exp2") and eg.lookup_function_value(nonpositive(args[1])) is None)
-            elif name in ("red", "roll"):
+            elif name in ("red", "roll", "split"):
                 ax = get_literal_value(args[1])
                 own *= weight({ax})
-                banned = int(name == "roll" and family == "unfused")
-                waits = int(name == "red" and family == "rolled" and ax in _axes(eg, deps, args[2]))
+                body = args[3] if name == "split" else args[2]
+                if family == "split":
+                    banned = int((name == "split") != (ax in long_axes))
+                else:
+                    banned = int(name == "split" or (name == "roll" and family == "unfused"))
+                waits = int(name == "red" and family == "rolled" and ax in _axes(eg, deps, body))
             elif name == "cast":
                 own *= 0.5
         parts = [(banned, risks, waits, own)] + [k for k in kids if isinstance(k, tuple)]
@@ -87,8 +92,10 @@ def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device) -> li
 
     out: list[Candidate] = []
     seen: set[Term] = set()
-    for family in ("rolled", "unfused"):
-        cost = node_cost(family, weight, lambda t, key: set().union(*(i.free for i in sat.mirror.loads[(t, key)])))
+    long_axes = {a for a, e in spec.axes_.items() if not isinstance(e, int) or e > TILE_LIMIT}
+    for family in ("rolled", "unfused", "split"):
+        cost = node_cost(family, weight, lambda t, key: set().union(*(i.free for i in sat.mirror.loads[(t, key)])),
+                         long_axes)
         best, c = sat.egraph.extract(sat.root, include_cost=True, cost_model=cost)
         if c[0]:   # only banned forms exist
             continue
@@ -97,7 +104,8 @@ def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device) -> li
             continue
         seen.add(term)
         sched = schedule(spec, term)
-        kind = "rolled" if any(t.op == "roll" for t in ir.walk(term)) else "unfused"
+        ops = {t.op for t in ir.walk(term)}
+        kind = "split" if "split" in ops else "rolled" if "roll" in ops else "unfused"
         out.append(Candidate(kind, term, sched, plan_cost(sched, sizes, device)))
     out.sort(key=lambda cand: cand.cost.seconds)
     return out

@@ -17,6 +17,11 @@ ops and their fields
   red    attrs=(reducer, axis)  args=(body,)          reducer over axis of body
   roll   attrs=(reducer, axis)  args=(body, repair)   the same reduction run in one pass with its producers;
                                                      repair says how to re-tag the partial result
+  split  attrs=(reducer, axis, chunks)  args=(body, repair)
+                                                     the reduction privatized over `chunks` slices of axis
+                                                     (a run-time parameter), each rolled on its own; the
+                                                     partials are combined with the same repair, acc being
+                                                     a chunk's partial and prev the chunk's own reductions
   acc                                          the partial result inside a repair term
   prev   attrs=(axis,)    args=(a,)            a computed from the previous partial values of reductions over axis
 """
@@ -53,7 +58,7 @@ class Term:
         if self.op == "axis":
             return frozenset(self.attrs[:1])
         inner = frozenset().union(*(a.free for a in self.args)) if self.args else frozenset()
-        if self.op in ("red", "roll"):
+        if self.op in ("red", "roll", "split"):
             return inner - {self.attrs[1]}
         return inner
 
@@ -73,11 +78,13 @@ def cast(dtype: str, a: Term) -> Term: return Term("cast", (dtype,), (a,))
 def red(reducer: str, ax: str, body: Term) -> Term: return Term("red", (reducer, ax), (body,))
 def roll(reducer: str, ax: str, body: Term, repair: Term) -> Term: return Term("roll", (reducer, ax), (body, repair))
 def prev(ax: str, a: Term) -> Term: return Term("prev", (ax,), (a,))
+def split(reducer: str, ax: str, chunks: str, body: Term, repair: Term) -> Term:
+    return Term("split", (reducer, ax, chunks), (body, repair))
 ACC = Term("acc")
 
 
 def is_reduction(t: Term) -> bool:
-    return t.op in ("red", "roll")
+    return t.op in ("red", "roll", "split")
 
 
 def walk(t: Term):
@@ -162,6 +169,8 @@ def show(t: Term) -> str:
         return f"{at[0]}({at[1]}, {show(ar[0])})"
     if op == "roll":
         return f"roll_{at[0]}({at[1]}, {show(ar[0])}, repair={show(ar[1])})"
+    if op == "split":
+        return f"split_{at[0]}({at[1]} / {at[2]}, {show(ar[0])}, repair={show(ar[1])})"
     if op == "prev":
         return f"prev_{at[0]}({show(ar[0])})"
     return f"{op}{at}{ar}"

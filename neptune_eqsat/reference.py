@@ -106,7 +106,7 @@ class Evaluator:
             axes = _union(*vals)
             c, x, y = (_align(v, axes) for v in vals)
             return torch.where(c.bool(), x, y), axes
-        if op in ("red", "roll"):
+        if op in ("red", "roll", "split"):
             return self._reduce(at[0], at[1], ar[0])
         raise SpecError(f"cannot evaluate {op} in the reference")
 

@@ -30,6 +30,11 @@ class Schedule:
     writes_loop: bool = False        # the output varies along the loop axis: written in a last pass
 
     @property
+    def split(self) -> bool:
+        """The loop axis is split into chunks run by separate programs (split-K), then combined."""
+        return any(r.op == "split" for r in self.reductions)
+
+    @property
     def passes(self) -> int:
         return 1 + max(self.pass_of.values()) if self.pass_of else 0
 
@@ -94,7 +99,7 @@ def schedule(spec: Spec, term: Term) -> Schedule:
         for d in deps[r]:
             visit(d, stack + (r,))
         order.append(r)
-        if r.op == "roll":
+        if r.op in ("roll", "split"):
             sched.pass_of[r] = max((sched.pass_of[d] for d in deps[r]), default=0)
         else:
             sched.pass_of[r] = max((sched.pass_of[d] + 1 for d in deps[r]), default=0)
@@ -102,4 +107,7 @@ def schedule(spec: Spec, term: Term) -> Schedule:
     for r in loop_reds:
         visit(r)
     sched.reductions = order
+    kinds = {r.op == "split" for r in order}
+    if len(kinds) > 1:
+        raise SpecError(f"spec {spec.name}: some reductions over {loop} are split into chunks and some are not")
     return sched

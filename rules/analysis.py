@@ -29,6 +29,8 @@ analysis.append(rule(e == ETerm.red(s, j, a), free(a) == fa).then(set_(free(e)).
 analysis.append(rule(e == ETerm.red(s, j, a), deps(a) == fa).then(set_(deps(e)).to(fa.insert(j))))
 analysis.append(rule(e == ETerm.roll(s, j, a, b), free(a) == fa).then(set_(free(e)).to(fa.remove(j))))
 analysis.append(rule(e == ETerm.roll(s, j, a, b), deps(a) == fa).then(set_(deps(e)).to(fa.insert(j))))
+analysis.append(rule(e == ETerm.split(s, j, n, a, b), free(a) == fa).then(set_(free(e)).to(fa.remove(j))))
+analysis.append(rule(e == ETerm.split(s, j, n, a, b), deps(a) == fa).then(set_(deps(e)).to(fa.insert(j))))
 
 # Values known to be <= 0, so that exp of them cannot overflow: x - max_j x (also with the max of an empty
 # row read as 0), the running max before minus after, constants <= 0, and where/max/min of such values.

@@ -1,0 +1,76 @@
+"""The combine step of a split-K plan, as an ordinary spec and term.
+
+A split plan runs in two kernels. The first runs the rolled loop over one chunk of the loop axis per program
+and writes every split reduction's partial result to a workspace, indexed by the chunk. The second reduces
+over the chunk axis: for each split reduction r, in dependency order,
+    global(r) = red_f(chunk, repair_r[acc := partial_r[chunk], prev(y) := y from the chunk's partials,
+                                       other reductions := their global values])
+and then evaluates the rest of the term on the global values. That second computation is a term in the same
+IR, so the same scheduler and code generator emit it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import ir
+from .ir import Term
+from .schedule import Schedule, schedule
+from .spec import Dim, Spec, Tensor
+
+
+@dataclass
+class Partial:
+    name: str          # the workspace tensor
+    reduction: Term    # the split reduction whose partials it holds
+    axes: tuple[str, ...]   # its index axes after the chunk axis (the reduction's free axes, in spec order)
+
+
+@dataclass
+class Combine:
+    spec: Spec
+    sched: Schedule
+    partials: list[Partial]
+    chunk_axis: str
+    chunk_dim: str
+
+
+def combine_plan(sched: Schedule) -> Combine:
+    spec, loop = sched.spec, sched.loop
+    chunk_axis, chunk_dim = f"{loop}_chunk", f"N_{loop.upper()}_CHUNKS"
+    partials = [Partial(f"part{k}", r, tuple(a for a in spec.axes_ if a in r.free))
+                for k, r in enumerate(sched.reductions)]
+    by_red = {p.reduction: p for p in partials}
+    chunk = ir.axis(chunk_axis)
+    glob: dict[Term, Term] = {}
+
+    def local(r: Term) -> Term:
+        p = by_red[r]
+        return ir.load(p.name, chunk, *(ir.axis(a) for a in p.axes))
+
+    def rebuild(t: Term, acc: Term | None, in_prev: bool) -> Term:
+        if t.op == "acc":
+            return acc
+        if t.op == "prev":
+            return rebuild(t.args[0], acc, True)
+        if t.op == "split" and t.attrs[1] == loop:
+            return local(t) if in_prev else global_(t)
+        if not t.args:
+            return t
+        return Term(t.op, t.attrs, tuple(rebuild(a, acc, in_prev) for a in t.args), t.origin)
+
+    def global_(r: Term) -> Term:
+        if r not in glob:
+            glob[r] = ir.red(r.attrs[0], chunk_axis, rebuild(r.args[1], local(r), False))
+        return glob[r]
+
+    term = rebuild(sched.term, None, False)
+    cdim = Dim(chunk_dim)
+    cspec = Spec(f"{spec.name}_combine", dims_={**spec.dims_, chunk_dim: cdim}, typical={**spec.typical, chunk_dim: 8},
+                 axes_={**spec.axes_, chunk_axis: cdim}, output_name=spec.output_name,
+                 output_dtype=spec.output_dtype, output_term=term, output_axes=spec.output_axes, doc=spec.doc)
+    used = {t.attrs[0] for t in ir.walk(term) if t.op == "load"}
+    cspec.inputs = {n: t for n, t in spec.inputs.items() if n in used}
+    for p in partials:
+        shape = (cdim,) + tuple(spec.extent(a) for a in p.axes)
+        cspec.inputs[p.name] = Tensor(cspec, p.name, "f32", shape, False)
+    return Combine(cspec, schedule(cspec, term), partials, chunk_axis, chunk_dim)
