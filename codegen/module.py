@@ -51,7 +51,10 @@ def _pass_bounds(w: KernelWriter, p: int, reds: list[ir.Term]) -> list[str]:
     bj, n = w.block(w.loop), w.ext(w.loop)
     bounds = _bounds(w, reds)
     lines = []
-    if bounds is None:
+    if bounds is None and any(masks.mask_wheres(r, w.loop) for r in reds):
+        # a mask the bounds analysis cannot read (not linear in the row and loop axes): test it in every block
+        lines += ["lo = 0", f"hi = {n}", "full_lo = 0", "full_hi = 0"]
+    elif bounds is None:
         lines += ["lo = 0", f"hi = {n}", "full_lo = 0", f"full_hi = ({n} // {bj}) * {bj}"]
     else:
         lines += [f"lo = ({bounds.lo_any} // {bj}) * {bj}", f"hi = {bounds.hi_any}",

@@ -74,3 +74,9 @@ def test_shape_errors_name_the_input():
 def test_reference_is_not_trivially_zero():
     _, ref, _ = run_against_reference(str(SPECS / "causal_pf.py"), {"B": 1, "S": 5})
     assert ref.abs().max() > 0.1
+
+
+def test_mask_the_bounds_analysis_cannot_read_is_tested_in_every_block(tmp_path):
+    """A mask that is not linear in i and j (every third key) gives no key bounds: no block may skip its test."""
+    path = spec_variant(tmp_path, "causal_pf", {"where(i >= j, s, -inf)": "where((j % 3) == 1, s, -inf)"})
+    assert_close(path, {"B": 1, "S": 40}, seed=3)
