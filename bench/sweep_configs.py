@@ -1,6 +1,8 @@
-"""Time each generated module over a small grid of its tunables (block sizes, warps, stages) on the GPU.
+"""Time each generated module over a small grid of its tunables (block sizes, warps, stages, and for split
+decode kernels the chunk count) on the GPU.
 
-    python bench/sweep_configs.py [--ops causal_pf,...] [--seqs 4096,16384] [--modules bench/generated]
+    python bench/sweep_configs.py [--ops causal_pf,causal_dc,...] [--seqs 4096,16384] [--kv 32768]
+                                  [--modules bench/generated]
 
 Prints, per op and length, the median time of every config and the best one. Imports only torch and triton.
 """
@@ -14,7 +16,12 @@ import torch
 import triton
 
 HEADS = {"global_pf": (32, 32), "causal_pf": (32, 32), "gqa_pf": (64, 8), "alibi_pf": (32, 32),
-         "softcap_pf": (32, 16), "window_pf": (32, 8)}
+         "softcap_pf": (32, 16), "window_pf": (32, 8), "causal_dc": (32, 32), "gqa_dc": (64, 8),
+         "alibi_dc": (32, 32), "softcap_dc": (32, 16)}
+PREFILL_GRID = [dict(BLOCK_I=bm, BLOCK_J=bn, num_warps=w, num_stages=s)
+                for bm, bn, w, s in itertools.product((128,), (64, 128), (4, 8), (2, 3))]
+DECODE_GRID = [dict(BLOCK_J=bn, num_warps=w, num_stages=s, CHUNKS=c)
+               for bn, w, s, c in itertools.product((64, 128, 256), (4, 8), (2, 3, 4), (0, 64, 128, 256))]
 
 
 def load(path: Path):
@@ -28,16 +35,19 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", default=",".join(HEADS))
     ap.add_argument("--seqs", default="4096,16384")
+    ap.add_argument("--kv", default="32768")
+    ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--modules", default="bench/generated")
     args = ap.parse_args()
-    grid = [dict(BLOCK_I=bm, BLOCK_J=bn, num_warps=w, num_stages=s)
-            for bm, bn, w, s in itertools.product((128,), (64, 128), (4, 8), (2, 3))]
     for op in args.ops.split(","):
         mod = load(Path(args.modules) / f"{op}.py")
         hq, hkv = HEADS[op]
-        for S in map(int, args.seqs.split(",")):
-            q = torch.randn(1, hq, S, 128, device="cuda", dtype=torch.float16)
-            k = torch.randn(1, hkv, S, 128, device="cuda", dtype=torch.float16)
+        decode = op.endswith("_dc")
+        grid = DECODE_GRID if decode else PREFILL_GRID
+        B = args.batch
+        for S in map(int, (args.kv if decode else args.seqs).split(",")):
+            q = torch.randn(B, hq, 1 if decode else S, 128, device="cuda", dtype=torch.float16)
+            k = torch.randn(B, hkv, S, 128, device="cuda", dtype=torch.float16)
             v = torch.randn_like(k)
             extra = [torch.rand(hq, device="cuda")] if op.startswith("alibi") else []
             times = []
@@ -50,9 +60,14 @@ def main() -> None:
             times.sort(key=lambda t: t[0])
             default = {k: mod.CONFIG[k] for k in grid[0]}
             default_ms = next((t for t, c in times if c == default), math.nan)
-            print(f"{op} S={S}: best {times[0][0]:.3f} ms {times[0][1]}; default {default_ms:.3f} ms", flush=True)
-            for ms, cfg in times[:4]:
-                print(f"    {ms:8.3f} ms {cfg}")
+            if math.isnan(default_ms):
+                default_ms = triton.testing.do_bench(lambda: mod.forward(q, k, v, *extra), warmup=10, rep=40)
+            gbs = (q.numel() * 2 + 2 * k.numel() * 2 + q.numel() * 2) / 1e9
+            rate = (lambda ms: f"{gbs / ms * 1e3:7.0f} GB/s") if decode else (lambda ms: "")
+            print(f"{op} B={B} S={S}: best {times[0][0]:.3f} ms {rate(times[0][0])} {times[0][1]}; "
+                  f"default {default_ms:.3f} ms {rate(default_ms)}", flush=True)
+            for ms, cfg in times[:6]:
+                print(f"    {ms:8.3f} ms {rate(ms)} {cfg}")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,8 @@ def linear(t: Term) -> dict | None:
     """Integer linear form {symbol or None (constant): coefficient}, symbols being axes and dims."""
     if t.op in ("axis", "dim"):
         return {(t.op, t.attrs[0]): 1}
+    if t.op == "bin" and t.attrs[0] == "floordiv" and t.args[0].op == "axis" and t.args[1].op == "const":
+        return {("div", t.args[0].attrs[0], int(t.args[1].attrs[0])): 1}   # monotone in the axis
     if t.op == "const":
         v = t.attrs[0]
         return {None: int(v)} if v == int(v) else None
@@ -107,16 +109,23 @@ def key_bounds(pred: Term, row: str, loop: str, name, i_lo: str, i_hi: str, n: s
     interior_possible = True
     upper_grows = lower_grows = False
     for c in cons:
-        a = c.get(("axis", row), 0)
+        # the row enters as the row index itself or as row // G (rows packed from several heads)
+        row_keys = [k for k in c if k == ("axis", row) or (k and k[0] == "div" and k[1] == row)]
+        if len(row_keys) > 1 or any(k and k[0] == "div" and k[1] == loop for k in c):
+            return None
+        key = row_keys[0] if row_keys else ("axis", row)
+        a = c.get(key, 0)
         b = c.get(("axis", loop), 0)
-        rest_terms = [f"{v} * {name(k)}" for k, v in c.items() if k not in (None, ("axis", row), ("axis", loop))]
+        if any(k and k[0] == "div" for k in c if k != key):
+            return None
+        rest_terms = [f"{v} * {name(k)}" for k, v in c.items() if k not in (None, key, ("axis", loop))]
         rest = " + ".join(rest_terms + [str(c.get(None, 0))])
         if b == 0 or abs(b) != 1:
             interior_possible = False
             continue
 
-        def at(i: str) -> str:
-            return f"({a} * {i} + {rest})"
+        def at(i: str, a=a, key=key, rest=rest) -> str:
+            return f"({a} * ({i} // {key[2]}) + {rest})" if key[0] == "div" else f"({a} * {i} + {rest})"
         upper_grows |= b == -1 and a > 0
         lower_grows |= b == 1 and a < 0
         if b == 1:   # j >= -(a*i + rest)

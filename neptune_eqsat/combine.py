@@ -67,7 +67,8 @@ def combine_plan(sched: Schedule) -> Combine:
     cdim = Dim(chunk_dim)
     cspec = Spec(f"{spec.name}_combine", dims_={**spec.dims_, chunk_dim: cdim}, typical={**spec.typical, chunk_dim: 8},
                  axes_={**spec.axes_, chunk_axis: cdim}, output_name=spec.output_name,
-                 output_dtype=spec.output_dtype, output_term=term, output_axes=spec.output_axes, doc=spec.doc)
+                 output_dtype=spec.output_dtype, output_term=term, output_axes=spec.output_axes, doc=spec.doc,
+                 output_index=spec.output_index, output_shape=spec.output_shape, derived=spec.derived)
     used = {t.attrs[0] for t in ir.walk(term) if t.op == "load"}
     cspec.inputs = {n: t for n, t in spec.inputs.items() if n in used}
     for p in partials:

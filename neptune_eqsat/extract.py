@@ -18,6 +18,7 @@ from . import ir
 from .cost import PlanCost, plan_cost
 from .eterm import ETerm, deps, free, nonpositive
 from .ir import Term
+from .layout import pack_group_rows
 from .saturate import Saturation
 from .schedule import TILE_LIMIT, Schedule, schedule
 from .spec import Spec
@@ -25,6 +26,7 @@ from .spec import Spec
 OP_WORK = {"exp": 8.0, "exp_or_zero": 9.0, "exp2": 2.0, "exp2_or_zero": 3.0, "log": 4.0, "tanh": 6.0, "sqrt": 2.0,
            "recip": 2.0, "div": 2.0, "finite_or_zero": 1.0}
 ZERO = (0, 0, 0, 0.0)
+LAYOUT_MARGIN = 1.05
 
 
 @dataclass
@@ -106,6 +108,14 @@ def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device) -> li
         sched = schedule(spec, term)
         ops = {t.op for t in ir.walk(term)}
         kind = "split" if "split" in ops else "rolled" if "roll" in ops else "unfused"
+        if sched.split and (sched.writes_loop or sched.passes != 1):
+            continue   # a split plan writes partial results once per chunk, after one pass
         out.append(Candidate(kind, term, sched, plan_cost(sched, sizes, device)))
-    out.sort(key=lambda cand: cand.cost.seconds)
+        packed = pack_group_rows(spec, term, sched.row, sched.loop) if sched.loop else None
+        if packed is not None:
+            psched = schedule(*packed)
+            psizes = {**sizes, **{d: g * sizes[base] for d, (g, base) in packed[0].derived.items()}}
+            out.append(Candidate(kind + "+packed", packed[1], psched, plan_cost(psched, psizes, device)))
+    # a layout change must win by a margin: the model does not see what gathered rows cost
+    out.sort(key=lambda cand: cand.cost.seconds * (LAYOUT_MARGIN if "+packed" in cand.family else 1.0))
     return out

@@ -162,6 +162,11 @@ class Spec:
     output_term: Term | None = None
     output_axes: tuple[str, ...] = ()
     doc: str = ""
+    # set by layout rewrites (layout.py): where each output element is stored when the kernel's axes are not
+    # the output's own, the output's shape, and sizes the launcher derives as factor * dim
+    output_index: tuple[Term, ...] | None = None
+    output_shape: tuple[Extent, ...] | None = None
+    derived: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     def dims(self, *names: str, **typical: int):
         """Sizes known only at run time. Keyword form gives a typical size, used to price plans:

@@ -64,5 +64,5 @@ def test_planted_unsound_rule_is_refused_and_left_out():
 
 
 def test_families_are_separate_rulesets():
-    assert set(FAMILIES) == {"algebra", "reduction", "substitution", "rolling", "scalar"}
+    assert set(FAMILIES) == {"algebra", "reduction", "substitution", "rolling", "scalar", "splitk"}
     assert all(r.family in FAMILIES for r in ALL_RULES)
