@@ -228,9 +228,9 @@ def _launch(kernel, grid, args, cfg, constexprs):
     if args[0].device.type != "cuda" or getattr(triton, "knobs", None) is None:
         kernel[grid](*args, **cfg)
         return
-    key = (kernel, grid, tuple(cfg.items()), tuple(
-        (a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else
-        (a == 1, a % 16 == 0, -2**31 <= a < 2**31) for a in args))
+    key = (kernel, grid, *cfg.items(), *constexprs, *[
+        (a == 1, a % 16 == 0, -2**31 <= a < 2**31) if type(a) is int else (a.dtype, a.data_ptr() % 16 == 0)
+        for a in args])
     compiled = _COMPILED.get(key)
     if compiled is None:
         _COMPILED[key] = kernel[grid](*args, **cfg)
@@ -238,6 +238,7 @@ def _launch(kernel, grid, args, cfg, constexprs):
     hooks = triton.knobs.runtime
     stream = triton.runtime.driver.active.get_current_stream(args[0].device.index)
     meta = compiled.launch_metadata(grid, stream, *args, *constexprs) if hooks.launch_enter_hook else None
+    grid = tuple(grid) + (1,) * (3 - len(grid))
     compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, meta,
                  hooks.launch_enter_hook, hooks.launch_exit_hook, *args, *constexprs)
 
@@ -275,7 +276,7 @@ COMBINE_CPU = {"num_warps": 1, "num_stages": 1}
 
 
 def _grid(w: KernelWriter, sched: Schedule, cfg: str) -> tuple[str, str]:
-    rows = f"triton.cdiv({w.ext(sched.row)}, {cfg}['BLOCK_{sched.row.upper()}'])" if sched.row else "1"
+    rows = f"-(-{w.ext(sched.row)} // {cfg}['BLOCK_{sched.row.upper()}'])" if sched.row else "1"
     return rows, " * ".join([w.ext(g) for g in sched.grid]) or "1"
 
 
@@ -339,10 +340,10 @@ def _split_parts(sched: Schedule, name: str, inputs: list[str], out_alloc: str, 
     rows, rest = _grid(w, sched, "cfg")
     n, bj = w.ext(sched.loop), f"cfg['BLOCK_{sched.loop.upper()}']"
     launch = [f"    kernel_cfg = {{k: v for k, v in cfg.items() if k not in {SPLIT_KEYS!r}}}",
-              f"    blocks = triton.cdiv({n}, {bj})",
+              f"    blocks = -(-{n} // {bj})",
               f"    chunks = cfg['CHUNKS'] or _chunk_counts({rows} * {rest}, blocks, _program_slots(device))",
-              f"    chunk_len = max(triton.cdiv(blocks, chunks), 1) * {bj}",
-              f"    {comb.chunk_dim} = max(triton.cdiv({n}, chunk_len), 1)   # no empty chunks"]
+              f"    chunk_len = max(-(-blocks // chunks), 1) * {bj}",
+              f"    {comb.chunk_dim} = max(-(-{n} // chunk_len), 1)   # no empty chunks"]
     for p in comb.partials:
         shape = ", ".join([comb.chunk_dim] + [w.ext(a) for a in p.axes])
         launch.append(f"    {p.name} = torch.empty(({shape},), device=device, dtype=torch.float32)")
