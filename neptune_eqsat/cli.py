@@ -32,14 +32,22 @@ def main() -> None:
 @click.option("--shape", default=None, help="Sizes used to price plans, e.g. B=1,S=16384 (defaults: the spec's).")
 @click.option("--max-nodes", default=20_000, show_default=True, help="E-graph node limit.")
 @click.option("--max-seconds", default=20.0, show_default=True, help="Saturation time limit.")
+@click.option("--device", "device_text", default=None,
+              help="Device the cost model prices for: h100, h200 and/or FIELD=VALUE (sms, bandwidth, ...); "
+                   "default: the GPU here, else a nominal H100.")
 def optimize(spec_file: str, output: str | None, explain: bool, shape: str | None, max_nodes: int,
-             max_seconds: float) -> None:
+             max_seconds: float, device_text: str | None) -> None:
     """Optimize SPEC_FILE and write the fused kernel module."""
     from .compiler import optimize as run
+    from .cost import parse_device
     from .saturate import Limits
 
     try:
-        result = run(spec_file, sizes=_sizes(shape), limits=Limits(max_nodes, max_seconds),
+        device = parse_device(device_text) if device_text else None
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--device") from e
+    try:
+        result = run(spec_file, sizes=_sizes(shape), limits=Limits(max_nodes, max_seconds), device=device,
                      out_file=output or "OUT.py")
     except SpecError as e:
         raise click.ClickException(str(e)) from e

@@ -45,8 +45,10 @@ class Result:
         lines.append("candidate plans (analytic cost):")
         for k, c in enumerate(self.candidates):
             mark = "*" if k == 0 else " "
-            lines.append(f" {mark} {c.family:8s} {c.cost.summary()}")
-            passes = [", ".join(("roll_" if r.op == "roll" else "") + r.attrs[0] for r in c.sched.in_pass(p))
+            lines.append(f" {mark} {c.family:13s} {c.cost.summary()}")
+            lines += [f"      {note}" for note in c.cost.notes]
+            passes = [", ".join({"roll": "roll_", "split": "split_"}.get(r.op, "") + r.attrs[0]
+                                for r in c.sched.in_pass(p))
                       for p in range(c.sched.passes)]
             lines.append("      " + "; ".join(f"pass {p} over {c.sched.loop}: {x}" for p, x in enumerate(passes)))
         lines.append("chosen plan:")

@@ -41,6 +41,32 @@ class Device:
         return Device()
 
 
+PRESETS = {
+    "h100": Device(),
+    "h200": Device(name="H200 (nominal)", bandwidth=4.3e12),
+}
+
+
+def parse_device(text: str) -> Device:
+    """A preset name (h100, h200) and/or field overrides: "h200", "sms=66", "h100,sms=114,bandwidth=2e12"."""
+    from dataclasses import fields, replace
+    dev, names = Device(), {f.name: f.type for f in fields(Device)}
+    for part in filter(None, (x.strip() for x in text.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq:
+            if key.lower() not in PRESETS:
+                raise ValueError(f"unknown device {key!r}: one of {', '.join(PRESETS)} or FIELD=VALUE")
+            dev = PRESETS[key.lower()]
+        elif key in names and key != "name":
+            try:
+                dev = replace(dev, **{key: int(value) if key == "sms" else float(value)})
+            except ValueError:
+                raise ValueError(f"device field {key}: {value!r} is not a number") from None
+        else:
+            raise ValueError(f"unknown device field {key!r}: one of {', '.join(n for n in names if n != 'name')}")
+    return dev
+
+
 @dataclass
 class PlanCost:
     seconds: float

@@ -19,7 +19,7 @@ def test_optimize_explain_writes_a_standalone_module(tmp_path):
         assert part in res.output
     text = out.read_text()
     imports = {line.split()[1] for line in text.splitlines() if line.startswith(("import ", "from "))}
-    assert imports <= {"os", "torch", "triton", "triton.language"}
+    assert imports <= {"functools", "os", "torch", "triton", "triton.language"}
     spec = importlib.util.spec_from_file_location("softmax_kernel", out)
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
@@ -61,3 +61,11 @@ def test_rules_explain_shows_rewrite_and_obligation():
     assert res.exit_code == 0
     assert "h(t, r, r') = r*t/r'" in res.output and "ETerm.roll" in res.output and "passed" in res.output
     assert "example:  sum(j, div(u[i, j]" in res.output and "-> " in res.output
+
+
+def test_optimize_device_option_prices_for_the_named_device(tmp_path):
+    res = CliRunner().invoke(main, ["optimize", str(SPECS / "causal_dc.py"), "--explain", "--device", "sms=8"])
+    assert res.exit_code == 0, res.output
+    assert "on 8 SMs" in res.output and "chosen: rolled" in res.output
+    res = CliRunner().invoke(main, ["optimize", str(SPECS / "causal_dc.py"), "--device", "h300"])
+    assert res.exit_code != 0 and "unknown device 'h300'" in res.output

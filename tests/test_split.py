@@ -1,0 +1,119 @@
+"""Split-K: decode specs optimize to split plans found by saturation, prefill specs keep rolling update; the
+split kernels match float64 for any chunking; and the combine algebra is exact for any cut of the key axis."""
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from neptune_eqsat import ir
+from neptune_eqsat.combine import combine_plan
+from neptune_eqsat.cost import Device, split_count
+from neptune_eqsat.reference import Evaluator, _align, evaluate, random_inputs, tolerance
+
+from conftest import SPECS, compiled
+
+DECODE = ["causal_dc", "gqa_dc", "alibi_dc", "softcap_dc"]
+FEW = settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.mark.parametrize("name", DECODE)
+def test_decode_specs_choose_split_plans(name):
+    result, _ = compiled(str(SPECS / f"{name}.py"))
+    assert result.chosen.family.startswith("split")
+    assert any(r.startswith("split-") for r in result.saturation.fired)
+    families = [c.family for c in result.candidates]
+    assert "rolled" in families    # both plans were priced
+    text = result.explain()
+    assert "chunks=" in text
+    assert "split_sum(j / chunks" in text
+
+
+def test_grouped_decode_packs_the_heads_of_a_group():
+    result, _ = compiled(str(SPECS / "gqa_dc.py"))
+    assert result.chosen.family == "split+packed"
+    assert result.chosen.cost.bytes < 0.2 * next(c.cost.bytes for c in result.candidates if c.family == "split")
+
+
+@pytest.mark.parametrize("name", ["causal_pf", "gqa_pf"])
+def test_prefill_specs_keep_rolling_update(name):
+    result, _ = compiled(str(SPECS / f"{name}.py"))
+    assert result.chosen.family == "rolled"
+
+
+def test_chunk_count_fills_the_device_only_when_it_must():
+    sms = Device().sms
+    assert split_count(32, 256, sms) > 1           # decode: 32 programs would leave most SMs idle
+    assert split_count(1024, 32, sms) == 1          # prefill: already many waves of programs
+    assert split_count(8, 1, sms) == 1              # one key block cannot be split
+
+
+@pytest.mark.parametrize("name", DECODE)
+@FEW
+@given(batch=st.integers(1, 2), queries=st.integers(1, 4), kv=st.integers(1, 70), chunks=st.integers(0, 5))
+def test_decode_kernels_match_float64(name, batch, queries, kv, chunks):
+    """Odd KV lengths, several queries at the end of the sequence (bottom-right causal), chunk counts that do
+    not divide the length (0 = the launcher's choice)."""
+    result, mod = compiled(str(SPECS / f"{name}.py"))
+    inputs = random_inputs(result.spec, {"B": batch, "Q": queries, "SKV": kv}, seed=kv)
+    out = mod.forward(*inputs.values(), config={"CHUNKS": chunks})
+    ref = evaluate(result.spec, inputs)
+    assert not torch.isnan(out).any()
+    assert (out.double() - ref).abs().max().item() <= tolerance(result.spec.output_dtype)
+
+
+def test_kv_shorter_than_one_chunk_and_more_chunks_than_blocks():
+    result, mod = compiled(str(SPECS / "causal_dc.py"))
+    inputs = random_inputs(result.spec, {"B": 1, "Q": 1, "SKV": 3}, seed=1)
+    ref = evaluate(result.spec, inputs)
+    for chunks in (1, 8):
+        out = mod.forward(*inputs.values(), config={"CHUNKS": chunks})
+        assert (out.double() - ref).abs().max().item() <= tolerance("f16")
+
+
+def _chunk_local(term: ir.Term, loop: str, lo: int, hi: int, memo: dict) -> ir.Term:
+    """The term with every split reduction over `loop` restricted to keys lo <= j < hi (its chunk-local value)."""
+    if term in memo:
+        return memo[term]
+    if term.op == "split" and term.attrs[1] == loop:
+        j = ir.axis(loop)
+        inside = ir.bin("and", ir.bin("ge", j, ir.const(lo)), ir.bin("lt", j, ir.const(hi)))
+        body = _chunk_local(term.args[0], loop, lo, hi, memo)
+        out = ir.red(term.attrs[0], loop, ir.where(inside, body, ir.const(ir.REDUCERS[term.attrs[0]])))
+    elif term.args:
+        out = ir.Term(term.op, term.attrs, tuple(_chunk_local(a, loop, lo, hi, memo) for a in term.args))
+    else:
+        out = term
+    memo[term] = out
+    return out
+
+
+@pytest.mark.parametrize("name", ["causal_dc", "alibi_dc", "max_normalized_sum"])
+@settings(max_examples=8, deadline=None)
+@given(data=st.data())
+def test_split_and_combine_in_any_chunking_equals_the_unsplit_reduction(name, data):
+    """In float64, on the IR: partial results of arbitrary (not block-aligned, possibly empty) chunks,
+    combined by the combine term with the derived repair, equal the spec's unsplit result."""
+    result, _ = compiled(str(SPECS / f"{name}.py"))
+    plan = next(c for c in result.candidates if c.family == "split")
+    sched, spec = plan.sched, result.spec
+    n = data.draw(st.integers(1, 40), label="length")
+    sizes = {"B": 1, "Q": 2, "SKV": n} if name != "max_normalized_sum" else {"R": 3, "N": n}
+    cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=5), label="cuts"))
+    bounds = list(zip([0] + cuts, cuts + [n]))
+    inputs = {k: v.double() for k, v in random_inputs(spec, sizes, seed=n).items()}
+    if name != "max_normalized_sum":
+        inputs["q"] = inputs["q"] * 4   # peaked scores: the chunks' maxima differ a lot
+    comb = combine_plan(sched)
+    ev = Evaluator(spec, inputs)
+    partials = {}
+    for p in comb.partials:
+        vals = [_align(ev(_chunk_local(p.reduction, sched.loop, lo, hi, {})), p.axes) for lo, hi in bounds]
+        partials[p.name] = torch.stack([v.expand(*[ev.extent(a) for a in p.axes]) for v in vals])
+    combined = evaluate(comb.spec, {**{k: v for k, v in inputs.items() if k in comb.spec.inputs}, **partials})
+    assert torch.allclose(combined, evaluate(spec, inputs), rtol=1e-9, atol=1e-9)
+
+
+def test_the_cost_model_picks_rolling_for_decode_shapes_that_fill_the_device():
+    from neptune_eqsat.compiler import optimize
+    assert optimize(str(SPECS / "causal_dc.py"), sizes={"B": 128, "SKV": 512}).chosen.family == "rolled"
+    small = optimize(str(SPECS / "causal_dc.py"), sizes={"B": 1, "SKV": 32768}, device=Device(sms=8))
+    assert small.chosen.family == "rolled"   # 32 programs already fill an 8-SM device
