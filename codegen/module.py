@@ -219,6 +219,7 @@ INTERPRETER_CONFIG = {cpu!r}
 
 {kernels}
 _COMPILED = {{}}
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # read when the kernels were defined
 
 
 def _launch(kernel, grid, args, cfg, constexprs):
@@ -259,7 +260,7 @@ def forward({args}, *, config=None):
     sizes = {{}}
 {binds}
     device = {first}.device
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    if device.type == "cpu" and not _INTERPRETED:
         raise RuntimeError("CPU tensors run under Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
     cfg = dict(INTERPRETER_CONFIG if device.type == "cpu" else CONFIG)
     cfg.update(config or {{}})
@@ -307,10 +308,12 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
         launch = [out_alloc] + _launch(name, w, inputs, ["out"], ", ".join(_grid(w, sched, "cfg")), "cfg")
 
     def shape_code(shape) -> str:
-        return "(" + ", ".join(repr(s) if isinstance(s, int) else repr(s.name) for s in shape) + ",)"
+        return "(" + "".join((repr(s) if isinstance(s, int) else repr(s.name)) + ", " for s in shape).strip() + ")"
 
     binds = "\n".join(f"    _bind(sizes, {n!r}, {n}, {shape_code(spec.inputs[n].shape)})" for n in inputs)
     derived = spec.derived
+    bases = [derived[d][1] for d in dims_used if d in derived]
+    dims_used = list(dict.fromkeys(list(dims_used) + bases))
     dims = "\n".join([f"    {d} = sizes[{d!r}]" for d in dims_used if d not in derived] +
                      [f"    {d} = {derived[d][0]} * {derived[d][1]}" for d in dims_used if d in derived])
     title = (spec.doc.splitlines() or [spec.name])[0]

@@ -2,6 +2,9 @@
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"
+import tempfile  # noqa: E402
+
+os.environ["NEPTUNE_EQSAT_CACHE"] = tempfile.mkdtemp(prefix="neptune_eqsat_cache_")   # flex_attention's kernels
 
 import functools  # noqa: E402
 import hashlib  # noqa: E402

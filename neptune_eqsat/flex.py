@@ -1,0 +1,428 @@
+"""A FlexAttention-compatible front end: score_mod / mask_mod callables traced into a spec, optimized through the
+e-graph, compiled once and cached.
+
+    from neptune_eqsat import flex_attention
+    out = flex_attention(q, k, v, score_mod=lambda s, b, h, qi, ki: s + bias[h], mask_mod=causal)
+
+The callables run once on symbolic values: `score` is the scaled dot product, `b, h, q_idx, kv_idx` are the
+batch, query-head, query and key indices (0-based positions in the query and key tensors, as in
+FlexAttention). Tensors they capture and index (`bias[h]`, `doc_id[q_idx]`) become inputs of the kernel, so new
+values do not recompile. The resulting spec is the plain attention math with the score modified and masked
+elements at -inf; the compiler finds the fused plan (rolled for prefill, split-K for decode).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import linecache
+import math
+import os
+import sys
+import tempfile
+import threading
+import traceback
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from . import ir, spec as S
+from .spec import Spec, SpecError
+
+if "triton" not in sys.modules and "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    # no GPU: Triton can only interpret here, and it fixes that choice when it is first imported
+    os.environ["TRITON_INTERPRET"] = "1"
+
+DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+DECODE_ROWS = 16   # query lengths up to this are priced as decode (split-K), longer ones as prefill
+
+
+class TraceError(SpecError):
+    """A score_mod / mask_mod that cannot be traced; names the callable, the line and the construct."""
+
+
+@dataclass
+class _Trace:
+    spec: Spec
+    fn_name: str = ""
+    code: object = None
+    captures: list[torch.Tensor] = field(default_factory=list)
+
+    def capture(self, t: torch.Tensor, index: tuple) -> S.Expr:
+        """A captured tensor read at `index` (a tuple of symbolic or integer indices)."""
+        for k, c in enumerate(self.captures):
+            if c is t:
+                name = f"capture{k}"
+                break
+        else:
+            name = f"capture{len(self.captures)}"
+            self.captures.append(t)
+        if t.dim() != len(index):
+            raise self.error(f"indexes captured tensor of shape {tuple(t.shape)} with {len(index)} indices")
+        if name not in self.spec.inputs:   # its shape is part of the kernel (a new shape compiles a new one)
+            self.spec.input(name, DTYPES.get(t.dtype, "f32"), *(int(n) for n in t.shape))
+        tensor = self.spec.inputs[name]
+        # `+ 0`: an index may be an axis whose extent is a run-time size; the tensor's extent is fixed
+        terms = tuple(S._wrap(i.expr) + 0 if isinstance(i, Sym) else int(i) for i in index)
+        return tensor[terms] if index else S.Expr(ir.load(name))
+
+    def error(self, what: str, tb=None) -> TraceError:
+        line = _user_line(self.code, tb)
+        return TraceError(f"{self.fn_name}{' (' + line + ')' if line else ''}: {what}")
+
+
+_ACTIVE: list[_Trace] = []
+
+
+def _user_line(code, tb=None) -> str:
+    """file:line: text of the callable's innermost frame, from a traceback or else the current stack."""
+    frames = [(f, n) for f, n in traceback.walk_tb(tb)] if tb is not None else list(traceback.walk_stack(None))[::-1]
+    for frame, lineno in reversed(frames):
+        if frame.f_code is code:
+            text = (linecache.getline(frame.f_code.co_filename, lineno) or "").strip()
+            return f"{Path(frame.f_code.co_filename).name}:{lineno}: {text}"
+    return ""
+
+
+def _ex(x):
+    if isinstance(x, Sym):
+        return x.expr
+    if isinstance(x, torch.Tensor):
+        if x.dim() == 0:
+            return _ACTIVE[-1].capture(x, ())
+        raise _ACTIVE[-1].error(f"uses a captured tensor of shape {tuple(x.shape)} without indexing it")
+    if isinstance(x, bool):
+        return 1.0 if x else 0.0
+    return x
+
+
+class Sym:
+    """A symbolic value inside a traced score_mod / mask_mod. Arithmetic, comparisons, logic and the torch
+    functions in TORCH_FUNCTIONS build spec expressions; anything else raises a TraceError."""
+    __slots__ = ("expr",)
+
+    def __init__(self, expr):
+        self.expr = expr
+
+    def _op(self, fn, other, swap=False):
+        a, b = _ex(self), _ex(other)
+        return Sym(fn(b, a) if swap else fn(a, b))
+
+    def __add__(self, o): return self._op(lambda a, b: a + b, o)
+    def __radd__(self, o): return self._op(lambda a, b: a + b, o, True)
+    def __sub__(self, o): return self._op(lambda a, b: a - b, o)
+    def __rsub__(self, o): return self._op(lambda a, b: a - b, o, True)
+    def __mul__(self, o): return self._op(lambda a, b: a * b, o)
+    def __rmul__(self, o): return self._op(lambda a, b: a * b, o, True)
+    def __truediv__(self, o): return self._op(lambda a, b: a / b, o)
+    def __rtruediv__(self, o): return self._op(lambda a, b: a / b, o, True)
+    def __floordiv__(self, o): return self._op(lambda a, b: S._wrap(a) // b, o)
+    def __mod__(self, o): return self._op(lambda a, b: S._wrap(a) % b, o)
+    def __lt__(self, o): return self._op(lambda a, b: S._wrap(a) < b, o)
+    def __le__(self, o): return self._op(lambda a, b: S._wrap(a) <= b, o)
+    def __gt__(self, o): return self._op(lambda a, b: S._wrap(a) > b, o)
+    def __ge__(self, o): return self._op(lambda a, b: S._wrap(a) >= b, o)
+    def __eq__(self, o): return self._op(lambda a, b: S._wrap(a) == b, o)  # type: ignore[override]
+    def __ne__(self, o): return self._op(lambda a, b: S._wrap(a) != b, o)  # type: ignore[override]
+    def __and__(self, o): return self._op(lambda a, b: S._wrap(a) & b, o)
+    def __rand__(self, o): return self._op(lambda a, b: S._wrap(a) & b, o, True)
+    def __or__(self, o): return self._op(lambda a, b: S._wrap(a) | b, o)
+    def __ror__(self, o): return self._op(lambda a, b: S._wrap(a) | b, o, True)
+    def __neg__(self): return Sym(-S._wrap(self.expr))
+    def __invert__(self): return Sym(~S._wrap(self.expr))
+    def __abs__(self): return Sym(S.abs(self.expr))
+    def abs(self): return abs(self)
+    def exp(self): return Sym(S.exp(self.expr))
+    def tanh(self): return Sym(S.tanh(self.expr))
+    def sigmoid(self): return Sym(1.0 / (1.0 + S.exp(-S._wrap(self.expr))))
+    def float(self): return self
+    def to(self, *a, **k): return self
+    __hash__ = None  # type: ignore[assignment]
+
+    def __bool__(self):
+        raise _ACTIVE[-1].error("Python control flow (if / and / or / while) on a traced value: use torch.where, "
+                                "&, | and ~ instead")
+
+    def __index__(self):
+        raise _ACTIVE[-1].error("uses a traced value as a Python integer (data-dependent shape or index)")
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", str(func))
+        if name == "__getitem__" and isinstance(args[0], torch.Tensor):
+            idx = args[1] if isinstance(args[1], tuple) else (args[1],)
+            return Sym(_ACTIVE[-1].capture(args[0], idx))
+        handler = TORCH_FUNCTIONS.get(name)
+        if handler is None:
+            raise _ACTIVE[-1].error(f"torch.{name} is not supported in a traced score_mod / mask_mod "
+                                    f"(supported: {', '.join(sorted(TORCH_FUNCTIONS))})")
+        return handler(*args, **kwargs)
+
+
+def _binary(fn):
+    return lambda a, b, **_: Sym(fn(S._wrap(_ex(a)), _ex(b)))
+
+
+TORCH_FUNCTIONS = {
+    "where": lambda c, a, b: Sym(S.where(_ex(c), _ex(a), _ex(b))),
+    "exp": lambda a: Sym(S.exp(_ex(a))), "log": lambda a: Sym(S.log(_ex(a))),
+    "tanh": lambda a: Sym(S.tanh(_ex(a))), "sqrt": lambda a: Sym(S.sqrt(_ex(a))),
+    "abs": lambda a: Sym(S.abs(_ex(a))), "sigmoid": lambda a: Sym(1.0 / (1.0 + S.exp(-S._wrap(_ex(a))))),
+    "maximum": _binary(lambda a, b: S.max(a, b)), "minimum": _binary(lambda a, b: S.min(a, b)),
+    "clamp": lambda a, min=None, max=None: Sym(_clamp(_ex(a), min, max)),
+    "logical_and": _binary(lambda a, b: a & b), "logical_or": _binary(lambda a, b: a | b),
+    "logical_not": lambda a: Sym(~S._wrap(_ex(a))),
+    "add": _binary(lambda a, b: a + b), "sub": _binary(lambda a, b: a - b), "mul": _binary(lambda a, b: a * b),
+    "div": _binary(lambda a, b: a / b), "__add__": _binary(lambda a, b: a + b),
+    "__radd__": _binary(lambda a, b: b + a), "__sub__": _binary(lambda a, b: a - b),
+    "__rsub__": _binary(lambda a, b: b - a), "__mul__": _binary(lambda a, b: a * b),
+    "__rmul__": _binary(lambda a, b: b * a), "__truediv__": _binary(lambda a, b: a / b),
+    "__eq__": _binary(lambda a, b: a == b), "__ne__": _binary(lambda a, b: a != b),
+    "__lt__": _binary(lambda a, b: a < b), "__le__": _binary(lambda a, b: a <= b),
+    "__gt__": _binary(lambda a, b: a > b), "__ge__": _binary(lambda a, b: a >= b),
+    "__and__": _binary(lambda a, b: a & b), "__or__": _binary(lambda a, b: a | b),
+}
+
+
+def _clamp(x, lo, hi):
+    if lo is not None:
+        x = S.max(S._wrap(x), _ex(lo))
+    if hi is not None:
+        x = S.min(S._wrap(x), _ex(hi))
+    return x
+
+
+def _call(tr: _Trace, fn, args) -> S.Expr:
+    tr.fn_name = getattr(fn, "__qualname__", repr(fn))
+    tr.code = getattr(fn, "__code__", None)
+    _ACTIVE.append(tr)
+    try:
+        out = fn(*args)
+    except TraceError:
+        raise
+    except SpecError as e:
+        raise tr.error(str(e), e.__traceback__) from e
+    except Exception as e:   # the callable did something the tracer cannot follow
+        raise tr.error(f"{type(e).__name__}: {e}", e.__traceback__) from e
+    finally:
+        _ACTIVE.pop()
+    if isinstance(out, bool):
+        return out
+    return _ex(out)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What a compiled kernel depends on (not the sequence lengths)."""
+    dtype: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+    value_dim: int
+    scale: float
+    decode: bool
+
+
+def trace(score_mod, mask_mod, problem: Problem) -> tuple[Spec, list[torch.Tensor]]:
+    """The attention spec with the callables traced in, and the tensors they capture (kernel inputs)."""
+    p = problem
+    spec = Spec("flex")
+    B, L, Skv = spec.dims(B=1, L=1 if p.decode else 4096, S=32768 if p.decode else 4096)
+    b, h, i, j, d, e = spec.axes(b=B, h=p.heads, i=L, j=Skv, d=p.head_dim, e=p.value_dim)
+    q = spec.input("q", p.dtype, B, p.heads, L, p.head_dim)
+    k = spec.input("k", p.dtype, B, p.kv_heads, Skv, p.head_dim)
+    v = spec.input("v", p.dtype, B, p.kv_heads, Skv, p.value_dim)
+    hk = h // (p.heads // p.kv_heads) if p.heads != p.kv_heads else h
+    tr = _Trace(spec)
+    s = S.sum(d, q[b, h, i, d] * k[b, hk, j, d]) * p.scale
+    if score_mod is not None:
+        s = _call(tr, score_mod, (Sym(s), Sym(b), Sym(h), Sym(i), Sym(j)))
+        if not isinstance(s, S.Expr):
+            s = S._wrap(float(s)) + 0 * S.sum(d, q[b, h, i, d] * k[b, hk, j, d])
+    if mask_mod is not None:
+        keep = _call(tr, mask_mod, (Sym(b), Sym(h), Sym(i), Sym(j)))
+        if keep is not True:
+            if keep is False:
+                keep = S._wrap(0.0) > 1.0
+            s = S.where(keep, s, -math.inf)
+    m = S.max(j, s)
+    p_ = S.exp(s - S.where(m == -math.inf, 0, m))
+    l_ = S.sum(j, p_)
+    o = S.sum(j, S.cast(p_, p.dtype) * v[b, hk, j, e]) / S.where(l_ == 0, 1, l_)
+    spec.output("o", p.dtype, o, b, h, i, e)
+    spec.validate()
+    return spec, tr.captures
+
+
+# ---- compiled kernels, cached in memory and on disk -------------------------------------------------------------
+_MEMORY: dict[tuple, ModuleType] = {}
+_LOCK = threading.Lock()
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("NEPTUNE_EQSAT_CACHE", Path(tempfile.gettempdir()) / "neptune_eqsat_cache"))
+
+
+def _load(source: str, key: str, interpret: bool) -> ModuleType:
+    """Import a generated module; kernels are interpreted (CPU tensors) when `interpret` is set."""
+    import importlib.util
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"flex_{key}.py"
+    if not path.exists() or path.read_text() != source:
+        tmp = folder / f".flex_{key}.{os.getpid()}.{threading.get_ident()}.tmp"
+        tmp.write_text(source)
+        tmp.replace(path)   # atomic: processes sharing the cache see the old file or the new one
+    name = f"neptune_flex_{key}_{'interpreted' if interpret else 'compiled'}"
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+    sys.modules[name] = module
+    return module
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler_fingerprint() -> str:
+    """A hash of the compiler's own source: a cached kernel from another version of it is not reused."""
+    from . import codegen, rules
+    h = hashlib.sha256()
+    for folder in (Path(__file__).parent, Path(codegen.__file__).parent, Path(rules.__file__).parent):
+        for f in sorted(folder.glob("*.py")):
+            h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def plan_key(spec: Spec, problem: Problem) -> str:
+    """The cache key: the traced expressions, the inputs' dtypes and shapes (as dims), the problem (dtype, head
+    dims, GQA ratio, scale, decode or prefill), not the sequence lengths."""
+    text = f"{_compiler_fingerprint()}|{problem}|{ir.show(spec.output_term)}|" + "|".join(
+        f"{n}:{t.dtype}:{t.shape}" for n, t in spec.inputs.items())
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def compiled_module(key: str, spec: Spec, interpret: bool) -> ModuleType:
+    """The generated module for a traced spec: from memory, else from the disk cache, else optimized now."""
+    with _LOCK:
+        mod = _MEMORY.get((key, interpret))
+        if mod is None:
+            src_path = cache_dir() / f"flex_{key}.py"
+            if src_path.exists():
+                source = src_path.read_text()
+            else:
+                from .compiler import optimize
+                source = optimize(spec, spec_file="flex_attention", out_file=src_path.name).source
+            mod = _MEMORY[(key, interpret)] = _load(source, key, interpret)
+    return mod
+
+
+# ---- the torch operator ---------------------------------------------------------------------------------------
+# A plan names traced callables and a problem; the operator runs its kernels. Under torch.compile the plan is
+# made while the model is traced (its name is a constant of the graph) and the operator is one opaque node.
+_SPECS: dict[str, Spec] = {}
+_CAPTURES: dict[str, list[torch.Tensor]] = {}
+_TRACED: OrderedDict = OrderedDict()   # (callables' ids, problem) -> (weak refs to the callables, plan)
+
+
+@torch.library.custom_op("neptune_eqsat::flex_attention", mutates_args=())
+def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, captures: list[torch.Tensor],
+                 plan: str) -> torch.Tensor:
+    mod = compiled_module(plan, _SPECS[plan], interpret=query.device.type == "cpu")
+    captures = [(c if c.dtype in DTYPES else c.float()).to(query.device) for c in captures]
+    if query.device.type != "cpu":
+        return mod.forward(query, key, value, *captures)
+    _check_interpreter()
+    with _interpreting():   # the interpreter reads the setting while it runs, too
+        return mod.forward(query, key, value, *captures)
+
+
+@attention_op.register_fake
+def _(query, key, value, captures, plan):
+    return query.new_empty(*query.shape[:3], value.shape[-1])
+
+
+def _ref(fn):
+    try:
+        return weakref.ref(fn)
+    except TypeError:   # None, or a callable that takes no weak references: keep it alive
+        return lambda: fn
+
+
+@torch._dynamo.assume_constant_result
+def _plan(score_mod, mask_mod, *fields) -> str:
+    """The plan's name; traces the callables once per callables and problem. Takes the problem as plain
+    values: under torch.compile this runs while the model is traced and its result is a constant."""
+    problem = Problem(*fields)
+    memo = (id(score_mod), id(mask_mod), problem)
+    hit = _TRACED.get(memo)
+    if hit is not None and hit[0][0]() is score_mod and hit[0][1]() is mask_mod:
+        _TRACED.move_to_end(memo)
+        return hit[1]
+    spec, captures = trace(score_mod, mask_mod, problem)
+    name = plan_key(spec, problem)
+    _SPECS[name], _CAPTURES[name] = spec, captures
+    _TRACED[memo] = ((_ref(score_mod), _ref(mask_mod)), name)
+    if len(_TRACED) > 256:
+        _TRACED.popitem(last=False)
+    return name
+
+
+def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, score_mod=None, mask_mod=None,
+                   scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
+    """FlexAttention's semantics: softmax(score_mod(q k^T * scale)) v over the keys mask_mod keeps; a query that
+    keeps no key gets 0. q [B, Hq, L, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv]; Hq != Hkv needs enable_gqa."""
+    plan = _plan(score_mod, mask_mod, *_problem(query, key, value, scale, enable_gqa))
+    return attention_op(query, key, value, _CAPTURES[plan], plan)
+
+
+def _problem(query, key, value, scale, enable_gqa) -> tuple:
+    """The fields of the Problem (plain values)."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected 4 dimensions [B, H, L, D], got shape {tuple(t.shape)}")
+        if t.dtype not in DTYPES:
+            raise ValueError(f"{name}: dtype {t.dtype} is not supported (float16, bfloat16, float32)")
+    if not (query.dtype == key.dtype == value.dtype):
+        raise ValueError(f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    hq, hkv = query.shape[1], key.shape[1]
+    if hq != hkv and not enable_gqa:
+        raise ValueError(f"query has {hq} heads and key {hkv}: pass enable_gqa=True for grouped-query attention")
+    if hq % hkv:
+        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv})")
+    return (DTYPES[query.dtype], int(hq), int(hkv), int(query.shape[-1]), int(value.shape[-1]),
+            float(scale) if scale is not None else 1.0 / math.sqrt(query.shape[-1]), query.shape[2] <= DECODE_ROWS)
+
+
+def _check_interpreter() -> None:
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    if not isinstance(tl.standard.max, InterpretedFunction):
+        raise RuntimeError("CPU tensors run the kernels under Triton's interpreter, which Triton enables only when "
+                           "TRITON_INTERPRET=1 is set before it is first imported; set it before importing torch "
+                           "or triton")
+
+
+class _interpreting:
+    def __enter__(self):
+        self.saved = os.environ.get("TRITON_INTERPRET")
+        os.environ["TRITON_INTERPRET"] = "1"
+
+    def __exit__(self, *exc):
+        if self.saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = self.saved
+
+
+__all__ = ["flex_attention", "trace", "Problem", "TraceError", "cache_dir"]

@@ -1,0 +1,222 @@
+"""The FlexAttention-compatible API on CPU tensors (kernels under Triton's interpreter) against a float64
+reference that applies the same score_mod / mask_mod to real index tensors, FlexAttention's semantics."""
+import math
+import os
+
+import pytest
+import torch
+
+from neptune_eqsat import flex_attention
+from neptune_eqsat.flex import TraceError
+
+F16 = torch.float16
+
+
+def reference(q, k, v, score_mod=None, mask_mod=None, scale=None):
+    """softmax(score_mod(q k^T * scale)) v over kept keys, in float64; rows that keep no key give 0."""
+    B, H, L, D = q.shape
+    S = k.shape[2]
+    if k.shape[1] != H:
+        k = k.repeat_interleave(H // k.shape[1], 1)
+        v = v.repeat_interleave(H // v.shape[1], 1)
+    s = q.double() @ k.double().transpose(-1, -2) * (scale if scale is not None else 1 / math.sqrt(D))
+    b = torch.arange(B)[:, None, None, None]
+    h = torch.arange(H)[None, :, None, None]
+    i = torch.arange(L)[None, None, :, None]
+    j = torch.arange(S)[None, None, None, :]
+    if score_mod is not None:
+        s = score_mod(s, b, h, i, j).double().expand(B, H, L, S)
+    if mask_mod is not None:
+        s = s.masked_fill(~mask_mod(b, h, i, j).expand(B, H, L, S), -math.inf)
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return p @ v.double()
+
+
+def inputs(B, H, HKV, L, S, D, seed=0, dv=None):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, L, D, generator=g).to(F16)
+    k = torch.randn(B, HKV, S, D, generator=g).to(F16)
+    v = torch.randn(B, HKV, S, dv or D, generator=g).to(F16)
+    return q, k, v
+
+
+def check(q, k, v, score_mod=None, mask_mod=None, scale=None, gqa=False):
+    out = flex_attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, scale=scale, enable_gqa=gqa)
+    ref = reference(q, k, v, score_mod, mask_mod, scale)
+    assert out.shape == ref.shape and out.dtype == q.dtype
+    assert not torch.isnan(out).any()
+    err = (out.double() - ref).abs().max().item()
+    assert err <= 2e-2, err
+    return out
+
+
+def causal(b, h, qi, ki):
+    return qi >= ki
+
+
+# ---- Neptune's ten operators through the API (head counts scaled down, ratios kept) --------------------------
+SLOPES = torch.exp2(-torch.arange(1, 5, dtype=torch.float32))
+OFFSET = torch.tensor(0)   # the decode query's position minus its index, set per call below
+
+
+def alibi(s, b, h, qi, ki):
+    return s + SLOPES[h] * (ki - qi)
+
+
+def softcap(s, b, h, qi, ki):
+    return 50.0 * torch.tanh(s / 50.0)
+
+
+def window(b, h, qi, ki):
+    return (qi >= ki) & (qi - ki < 8)
+
+
+def alibi_decode(s, b, h, qi, ki):
+    return s + SLOPES[h] * (ki - (qi + OFFSET))
+
+
+PREFILL = {"global_pf": (4, 4, None, None), "causal_pf": (4, 4, None, causal), "gqa_pf": (8, 1, None, causal),
+           "alibi_pf": (4, 4, alibi, causal), "softcap_pf": (4, 2, softcap, causal), "window_pf": (4, 1, softcap, window)}
+DECODE = {"causal_dc": (4, 4, None), "gqa_dc": (8, 1, None), "alibi_dc": (4, 4, alibi_decode),
+          "softcap_dc": (4, 2, softcap)}
+
+
+@pytest.mark.parametrize("name", PREFILL)
+def test_prefill_operators(name):
+    hq, hkv, score_mod, mask_mod = PREFILL[name]
+    q, k, v = inputs(2, hq, hkv, 37, 37, 32, seed=1)
+    check(q, k, v, score_mod, mask_mod, gqa=hq != hkv)
+
+
+@pytest.mark.parametrize("name", DECODE)
+def test_decode_operators(name):
+    hq, hkv, score_mod = DECODE[name]
+    q, k, v = inputs(1, hq, hkv, 1, 53, 32, seed=2)
+    OFFSET.fill_(52)    # the query is the newest token
+    check(q, k, v, score_mod, None, gqa=hq != hkv)
+
+
+# ---- other common variants -----------------------------------------------------------------------------------
+DOC = torch.tensor([0] * 9 + [1] * 14 + [2] * 10)
+TABLE = torch.randn(2 * 33 - 1)
+HEAD_BIAS = torch.randn(4)
+QUERY_BIAS = torch.randn(2, 33)
+TEMPERATURE = torch.tensor(0.7)
+
+VARIANTS = {
+    "prefix_lm": (None, lambda b, h, qi, ki: (ki < 6) | (qi >= ki)),
+    "document": (None, lambda b, h, qi, ki: (DOC[qi] == DOC[ki]) & (qi >= ki)),
+    "relative_bias_table": (lambda s, b, h, qi, ki: s + TABLE[qi - ki + 32], causal),
+    "sliding_window_with_sinks": (None, lambda b, h, qi, ki: ((qi - ki < 5) & (qi >= ki)) | (ki < 2)),
+    "dilated_window": (None, lambda b, h, qi, ki: ((qi - ki) % 2 == 0) & (qi >= ki) & (qi - ki < 12)),
+    "temperature": (lambda s, b, h, qi, ki: s / TEMPERATURE, causal),
+    "head_bias": (lambda s, b, h, qi, ki: s + HEAD_BIAS[h], None),
+    "query_bias": (lambda s, b, h, qi, ki: s + QUERY_BIAS[b, qi], causal),
+    "clamped_scores": (lambda s, b, h, qi, ki: torch.clamp(s, -0.5, 0.5), None),
+    "where_in_score_mod": (lambda s, b, h, qi, ki: torch.where(qi >= ki, s, s - 2.0), None),
+    "empty_rows": (None, lambda b, h, qi, ki: (qi >= ki + 4)),
+    "sigmoid_gate": (lambda s, b, h, qi, ki: s * torch.sigmoid(s), causal),
+}
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_common_variants(name):
+    score_mod, mask_mod = VARIANTS[name]
+    q, k, v = inputs(2, 4, 4, 33, 33, 16, seed=3)
+    out = check(q, k, v, score_mod, mask_mod)
+    if name == "empty_rows":
+        assert torch.all(out[:, :, :4] == 0)
+
+
+def test_new_captured_values_do_not_recompile():
+    from neptune_eqsat import flex
+    q, k, v = inputs(1, 4, 4, 20, 20, 16, seed=4)
+    bias = torch.randn(4)
+    sm = lambda s, b, h, qi, ki: s + bias[h]   # noqa: E731
+    check(q, k, v, sm, causal)
+    modules = len(flex._MEMORY)
+    bias.copy_(torch.randn(4) * 3)
+    check(q, k, v, sm, causal)
+    check(q, k, v, lambda s, b, h, qi, ki: s + 2 * torch.ones(4)[h] + bias[h] * 0, causal)   # new callable, new plan
+    assert len(flex._MEMORY) == modules + 1
+
+
+def test_odd_lengths_scale_and_value_dim():
+    q, k, v = inputs(1, 2, 2, 19, 45, 16, seed=5, dv=32)
+    check(q, k, v, None, lambda b, h, qi, ki: ki <= qi + 26, scale=0.3)
+
+
+def test_short_multi_query_decode():
+    q, k, v = inputs(2, 8, 2, 4, 61, 32, seed=6)
+    check(q, k, v, None, lambda b, h, qi, ki: ki <= qi + 57, gqa=True)
+
+
+def test_inside_torch_compile_without_graph_breaks():
+    """The callables are made outside the compiled region (as a model's __init__ would); fullgraph=True fails
+    on any graph break."""
+    q, k, v = inputs(1, 4, 4, 24, 24, 16, seed=7)
+    bias = torch.randn(4)
+    score_mod = lambda s, b, h, qi, ki: s + bias[h]   # noqa: E731
+
+    def model(q, k, v):
+        return flex_attention(q * 1.0, k, v, score_mod=score_mod, mask_mod=causal) + 1
+
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(q, k, v), model(q, k, v))
+
+
+def test_untraceable_callables_name_callable_line_and_construct():
+    q, k, v = inputs(1, 2, 2, 8, 8, 16)
+
+    def branchy(s, b, h, qi, ki):
+        if qi > ki:
+            return s
+        return s * 2
+
+    with pytest.raises(TraceError, match=r"branchy \(test_flex_api.py:\d+: if qi > ki:\).*Python control flow"):
+        flex_attention(q, k, v, score_mod=branchy)
+
+    def trig(b, h, qi, ki):
+        return torch.sin(qi) > 0
+
+    with pytest.raises(TraceError, match=r"trig .*torch.sin is not supported"):
+        flex_attention(q, k, v, mask_mod=trig)
+
+
+def test_gqa_needs_enable_gqa():
+    q, k, v = inputs(1, 4, 2, 8, 8, 16)
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        flex_attention(q, k, v)
+
+
+def test_compiled_kernels_are_reused_from_the_disk_cache(monkeypatch):
+    from neptune_eqsat import compiler, flex
+    q, k, v = inputs(1, 2, 2, 12, 12, 16, seed=8)
+    mask = lambda b, h, qi, ki: qi + 3 >= ki   # noqa: E731
+    first = check(q, k, v, None, mask)
+    flex._MEMORY.clear()
+
+    def no_compile(*a, **kw):
+        raise AssertionError("the e-graph ran again")
+    monkeypatch.setattr(compiler, "optimize", no_compile)
+    assert torch.equal(check(q, k, v, None, mask), first)
+
+
+def test_processes_sharing_the_cache(tmp_path):
+    """Two processes compile the same kernel into one fresh cache at once; both get the right result."""
+    import subprocess
+    import sys
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import os, sys, torch\n"
+        "from neptune_eqsat import flex_attention\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "q, k, v = (torch.randn(1, 2, 9, 16, generator=g).half() for _ in range(3))\n"
+        "out = flex_attention(q, k, v, mask_mod=lambda b, h, qi, ki: qi >= ki)\n"
+        "torch.save(out, sys.argv[1])\n")
+    env = {**os.environ, "NEPTUNE_EQSAT_CACHE": str(tmp_path / "cache"), "TRITON_INTERPRET": "1"}
+    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / f"out{n}.pt")], env=env) for n in range(2)]
+    assert [p.wait(timeout=600) for p in procs] == [0, 0]
+    outs = [torch.load(tmp_path / f"out{n}.pt") for n in range(2)]
+    assert torch.equal(outs[0], outs[1])
+    assert len(list((tmp_path / "cache").glob("flex_*.py"))) == 1
