@@ -62,8 +62,8 @@ OPS = {op.name: op for op in [
     Op("alibi_dc", "decode", 32, 32, None, "alibi"),
     Op("softcap_dc", "decode", 32, 16, None, "softcap"),
 ]}
-SYSTEMS = ["neptune", "flex", "inductor", "sdpa_cudnn", "sdpa_flash", "sdpa_mem_eff", "eager"]
-DEFAULT_SYSTEMS = SYSTEMS[:-1]
+SYSTEMS = ["neptune", "flex", "inductor", "sdpa_cudnn", "sdpa_flash", "sdpa_mem_eff", "eager", "neptune_api"]
+DEFAULT_SYSTEMS = SYSTEMS[:-2]
 COMPILERS = ("flex", "inductor")   # best compiler = the faster of these two
 UNITS = {"prefill": "TFLOP/s", "decode": "GB/s"}
 
@@ -207,6 +207,26 @@ def flex_args(case):
     return mod, block_mask, case.q.shape[1] != case.k.shape[1]
 
 
+def api_callables(op, slopes, offset):
+    """score_mod and mask_mod for neptune_eqsat.flex_attention: FlexAttention's, with the query's position
+    i + offset read from a captured 0-d tensor (so one kernel serves every KV length)."""
+    mod = None if op.mod is None else (lambda s, b, h, i, j: score_mod(op.mod, s, slopes[h], i + offset, j))
+    mask = None if op.mask is None else (lambda b, h, i, j: keep(op.mask, i + offset, j))
+    return mod, mask
+
+
+def neptune_api(case):
+    if str(HERE.parent) not in sys.path:
+        sys.path.insert(0, str(HERE.parent))
+    from neptune_eqsat import flex_attention as api
+    offset = case.k.shape[2] - case.q.shape[2]
+    if offset:   # decode: a captured position, so that one kernel serves every KV length
+        offset = torch.tensor(offset, device=case.device)
+    mod, mask = api_callables(case.op, case.slopes, offset)
+    q, k, v, gqa = case.q, case.k, case.v, case.q.shape[1] != case.k.shape[1]
+    return lambda: api(q, k, v, score_mod=mod, mask_mod=mask, enable_gqa=gqa)
+
+
 def flex(case):
     from torch.nn.attention.flex_attention import flex_attention
     mod, block_mask, gqa = flex_args(case)
@@ -242,7 +262,7 @@ def sdpa(backend, case):
 
 
 BUILDERS = {
-    "neptune": neptune, "flex": flex, "inductor": inductor, "eager": eager,
+    "neptune": neptune, "neptune_api": neptune_api, "flex": flex, "inductor": inductor, "eager": eager,
     "sdpa_cudnn": functools.partial(sdpa, "CUDNN_ATTENTION"),
     "sdpa_flash": functools.partial(sdpa, "FLASH_ATTENTION"),
     "sdpa_mem_eff": functools.partial(sdpa, "EFFICIENT_ATTENTION"),

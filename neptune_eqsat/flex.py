@@ -296,9 +296,14 @@ def _load(source: str, key: str, interpret: bool) -> ModuleType:
 @functools.lru_cache(maxsize=None)
 def _compiler_fingerprint() -> str:
     """A hash of the compiler's own source: a cached kernel from another version of it is not reused."""
-    from . import codegen, rules
+    import importlib.util
+    here = Path(__file__).resolve().parent
+    folders = [here]
+    for sub in ("codegen", "rules"):   # installed as subpackages, or beside the package in a source tree
+        found = importlib.util.find_spec(f"neptune_eqsat.{sub}")
+        folders.append(Path(list(found.submodule_search_locations)[0]) if found else here.parent / sub)
     h = hashlib.sha256()
-    for folder in (Path(__file__).parent, Path(codegen.__file__).parent, Path(rules.__file__).parent):
+    for folder in folders:
         for f in sorted(folder.glob("*.py")):
             h.update(f.read_bytes())
     return h.hexdigest()[:12]

@@ -1,0 +1,37 @@
+"""Fill neptune_eqsat.flex_attention's kernel cache for the benchmark's ten operators, on a machine with the
+compiler (egglog), so that a GPU machine with only torch and triton runs `--systems neptune_api` from it.
+
+    NEPTUNE_EQSAT_CACHE=bench/flex_cache python bench/flex_cache.py
+
+The cache key does not contain the sequence lengths: prefill and decode each need one kernel per operator.
+"""
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from attention import D, OPS, alibi_slopes, api_callables  # noqa: E402
+from neptune_eqsat import flex  # noqa: E402
+
+
+def main() -> None:
+    for op in OPS.values():
+        decode = op.mode == "decode"
+        q = torch.empty(1, op.hq, 1 if decode else 64, D, dtype=torch.float16)
+        k = torch.empty(1, op.hkv, 64, D, dtype=torch.float16)
+        offset = torch.tensor(63) if decode else 0
+        mod, mask = api_callables(op, alibi_slopes(op.hq, "cpu"), offset)
+        plan = flex._plan(mod, mask, *flex._problem(q, k, k, None, op.hq != op.hkv))
+        flex.compiled_module(plan, flex._SPECS[plan], interpret=False)
+        print(f"{op.name}: {flex.cache_dir() / f'flex_{plan}.py'}", flush=True)
+
+
+if __name__ == "__main__":
+    if "NEPTUNE_EQSAT_CACHE" not in os.environ:
+        sys.exit("set NEPTUNE_EQSAT_CACHE to the folder to fill")
+    main()
