@@ -319,6 +319,9 @@ def plan_key(spec: Spec, problem: Problem) -> str:
 
 def compiled_module(key: str, spec: Spec, interpret: bool) -> ModuleType:
     """The generated module for a traced spec: from memory, else from the disk cache, else optimized now."""
+    mod = _MEMORY.get((key, interpret))
+    if mod is not None:
+        return mod
     with _LOCK:
         mod = _MEMORY.get((key, interpret))
         if mod is None:
@@ -340,9 +343,8 @@ _CAPTURES: dict[str, list[torch.Tensor]] = {}
 _TRACED: OrderedDict = OrderedDict()   # (callables' ids, problem) -> (weak refs to the callables, plan)
 
 
-@torch.library.custom_op("neptune_eqsat::flex_attention", mutates_args=())
-def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, captures: list[torch.Tensor],
-                 plan: str) -> torch.Tensor:
+def run_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, captures: list[torch.Tensor],
+             plan: str) -> torch.Tensor:
     mod = compiled_module(plan, _SPECS[plan], interpret=query.device.type == "cpu")
     captures = [(c if c.dtype in DTYPES else c.float()).to(query.device) for c in captures]
     if query.device.type != "cpu":
@@ -350,6 +352,9 @@ def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ca
     _check_interpreter()
     with _interpreting():   # the interpreter reads the setting while it runs, too
         return mod.forward(query, key, value, *captures)
+
+
+attention_op = torch.library.custom_op("neptune_eqsat::flex_attention", run_plan, mutates_args=())
 
 
 @attention_op.register_fake
@@ -388,7 +393,9 @@ def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     """FlexAttention's semantics: softmax(score_mod(q k^T * scale)) v over the keys mask_mod keeps; a query that
     keeps no key gets 0. q [B, Hq, L, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv]; Hq != Hkv needs enable_gqa."""
     plan = _plan(score_mod, mask_mod, *_problem(query, key, value, scale, enable_gqa))
-    return attention_op(query, key, value, _CAPTURES[plan], plan)
+    if torch.compiler.is_compiling():   # one opaque node in the graph
+        return attention_op(query, key, value, _CAPTURES[plan], plan)
+    return run_plan(query, key, value, _CAPTURES[plan], plan)   # eager: skip the operator's dispatch cost
 
 
 def _problem(query, key, value, scale, enable_gqa) -> tuple:
