@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import textwrap
+from pathlib import Path
 
 from neptune_eqsat import ir
 from neptune_eqsat.combine import combine_plan
@@ -218,45 +219,17 @@ INTERPRETER_CONFIG = {cpu!r}
 
 
 {kernels}
-_COMPILED = {{}}
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # read when the kernels were defined
 
-
-def _launch(kernel, grid, args, cfg, constexprs):
-    """Launch a kernel. On the GPU the compiled kernel is kept per argument specialization (dtypes, 16-byte
-    alignment, ints equal to 1, divisible by 16 or beyond 32 bits: what Triton specializes on), so repeated
-    calls skip Triton's per-call argument binding, which costs more than a short decode kernel runs."""
-    if args[0].device.type != "cuda" or getattr(triton, "knobs", None) is None:
-        kernel[grid](*args, **cfg)
-        return
-    key = (kernel, grid, *cfg.items(), *constexprs, *[
-        (a == 1, a % 16 == 0, -2**31 <= a < 2**31) if type(a) is int else (a.dtype, a.data_ptr() % 16 == 0)
-        for a in args])
-    compiled = _COMPILED.get(key)
-    if compiled is None:
-        _COMPILED[key] = kernel[grid](*args, **cfg)
-        return
-    hooks = triton.knobs.runtime
-    stream = triton.runtime.driver.active.get_current_stream(args[0].device.index)
-    meta = compiled.launch_metadata(grid, stream, *args, *constexprs) if hooks.launch_enter_hook else None
-    grid = tuple(grid) + (1,) * (3 - len(grid))
-    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, meta,
-                 hooks.launch_enter_hook, hooks.launch_exit_hook, *args, *constexprs)
-
-
-def _bind(sizes, name, x, want):
-    if x.dim() != len(want):
-        raise ValueError(f"{{name}}: expected {{len(want)}} dimensions {{list(want)}}, got shape {{tuple(x.shape)}}")
-    for pos, (w, got) in enumerate(zip(want, x.shape)):
-        if isinstance(w, int):
-            if w != got:
-                raise ValueError(f"{{name}}: dimension {{pos}} must be {{w}}, got {{got}}")
-        elif sizes.setdefault(w, got) != got:
-            raise ValueError(f"{{name}}: dimension {{pos}} is {{w}} = {{got}}, but another input has {{w}} = {{sizes[w]}}")
+{runtime}
 
 {helpers}
 def forward({args}, *, config=None):
     """{doc}"""
+    if config is None and {first}.is_cuda:
+        replay = _REPLAYS.get(_signature({args}))
+        if replay is not None:
+            return replay({args})
     sizes = {{}}
 {binds}
     device = {first}.device
@@ -264,8 +237,11 @@ def forward({args}, *, config=None):
         raise RuntimeError("CPU tensors run under Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
     cfg = dict(INTERPRETER_CONFIG if device.type == "cpu" else CONFIG)
     cfg.update(config or {{}})
+    rec = _Recording(({args},)) if config is None and device.type == "cuda" and _replay_enabled() else None
 {dims}
 {launch}
+    if rec is not None:
+        _REPLAYS[_signature({args})] = rec.replay(device)
     return out
 '''
 
@@ -285,15 +261,15 @@ def _launch(name: str, w: KernelWriter, inputs: list[str], outs: list[str], grid
             extra: tuple[str, ...] = ()) -> list[str]:
     call = [", ".join(inputs + outs)] + [f"*{n}.stride()" for n in inputs + outs] + list(w.dims) + list(extra)
     blocks = ", ".join(f"{cfg}[{b!r}]" for b in w.constexprs) + ("," if len(w.constexprs) == 1 else "")
-    return [f"    _launch({name}_kernel, ({grid}), (", f"        {', '.join(call)},", f"    ), {cfg}, ({blocks}))"]
+    return [f"    _launch(rec, {name}_kernel, ({grid}), (", f"        {', '.join(call)},", f"    ), {cfg}, ({blocks}))"]
 
 
 def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.py", out_file: str = "OUT.py") -> str:
     spec = sched.spec
     inputs = list(spec.inputs)
     shape = spec.output_shape or [spec.extent(a) for a in spec.output_axes]
-    out_alloc = (f"    out = torch.empty(({', '.join(str(e) if isinstance(e, int) else e.name for e in shape)},), "
-                 f"device=device, dtype={TORCH_DTYPE[spec.output_dtype]})")
+    out_alloc = (f"    out = _empty(rec, ({', '.join(str(e) if isinstance(e, int) else e.name for e in shape)},), "
+                 f"{TORCH_DTYPE[spec.output_dtype]}, device)")
     gpu, cpu = _row_loop_blocks(sched)
     helpers = ""
     if sched.split:
@@ -320,9 +296,15 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
     return MODULE.format(
         title=title, spec=spec.name, spec_file=spec_file, out_file=out_file,
         plan=textwrap.indent(plan, "    "), plan_one=plan, name=name, gpu=gpu, cpu=cpu, kernels=kernels,
-        helpers=helpers, args=", ".join(inputs), first=inputs[0], binds=binds, dims=dims or "    pass",
+        helpers=helpers, runtime=_runtime_source(), args=", ".join(inputs), first=inputs[0], binds=binds, dims=dims or "    pass",
         launch="\n".join(launch), doc=f"{spec.name}: inputs {', '.join(inputs)}; returns {spec.output_name}.",
     )
+
+
+def _runtime_source() -> str:
+    """The launch helpers (launch.py) without their module header and imports."""
+    text = (Path(__file__).parent / "launch.py").read_text()
+    return text[text.index("_COMPILED = {}"):].rstrip() + "\n"
 
 
 def _split_parts(sched: Schedule, name: str, inputs: list[str], out_alloc: str, gpu: dict, cpu: dict):
@@ -349,7 +331,7 @@ def _split_parts(sched: Schedule, name: str, inputs: list[str], out_alloc: str, 
               f"    {comb.chunk_dim} = max(-(-{n} // chunk_len), 1)   # no empty chunks"]
     for p in comb.partials:
         shape = ", ".join([comb.chunk_dim] + [w.ext(a) for a in p.axes])
-        launch.append(f"    {p.name} = torch.empty(({shape},), device=device, dtype=torch.float32)")
+        launch.append(f"    {p.name} = _empty(rec, ({shape},), torch.float32, device)")
     launch += _launch(name, w, inputs, [p.name for p in comb.partials], f"{rows}, {rest}, {comb.chunk_dim}",
                       "kernel_cfg", ("chunk_len",))
     launch += [out_alloc, "    combine_cfg = dict(cfg['COMBINE'])"]

@@ -1,0 +1,89 @@
+"""Launch helpers copied verbatim into every generated module (which imports only torch and triton).
+
+Triton's per-call argument binding and specialization costs tens of microseconds, more than a short decode
+kernel runs. On the GPU a call is therefore recorded once per signature of its inputs (shapes, strides,
+dtypes, 16-byte alignment, device): the compiled kernels, their grids and integer arguments are the same for
+every call with that signature, so later calls replay the launches with only the tensors changed.
+"""
+import torch
+import triton
+
+_COMPILED = {}   # (kernel, grid, config, argument specialization) -> compiled kernel
+_REPLAYS = {}    # signature of the inputs -> replay of the recorded launches
+
+
+def _signature(*tensors):
+    return tuple((t.shape, t.stride(), t.dtype, t.data_ptr() % 16, t.device) for t in tensors)
+
+
+def _replay_enabled():
+    knobs = getattr(triton, "knobs", None)
+    return knobs is not None and knobs.runtime.launch_enter_hook is None
+
+
+class _Recording:
+    """The allocations and launches of one GPU call, for replay."""
+
+    def __init__(self, inputs):
+        self.buffers, self.allocs, self.launches = list(inputs), [], []
+
+    def empty(self, shape, dtype, device):
+        t = torch.empty(shape, device=device, dtype=dtype)
+        self.buffers.append(t)
+        self.allocs.append((shape, dtype))
+        return t
+
+    def launched(self, compiled, grid, args, constexprs):
+        slots = tuple(next(n for n, b in enumerate(self.buffers) if b is a) for a in args
+                      if isinstance(a, torch.Tensor))
+        ints = tuple(a for a in args if not isinstance(a, torch.Tensor)) + tuple(constexprs)
+        self.launches.append((compiled, grid, slots, ints))
+
+    def replay(self, device):
+        allocs, launches = self.allocs, self.launches
+        run = triton.runtime.driver.active.get_current_stream
+
+        def replay(*inputs):
+            bufs = list(inputs) + [torch.empty(s, device=device, dtype=d) for s, d in allocs]
+            stream = run(device.index)
+            for compiled, (g0, g1, g2), slots, ints in launches:
+                compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                             *[bufs[i] for i in slots], *ints)
+            return bufs[-1]   # the output is the last allocation
+        return replay
+
+
+def _empty(rec, shape, dtype, device):
+    return rec.empty(shape, dtype, device) if rec is not None else torch.empty(shape, device=device, dtype=dtype)
+
+
+def _launch(rec, kernel, grid, args, cfg, constexprs):
+    """Launch a kernel; on the GPU keep the compiled kernel per argument specialization (what Triton
+    specializes on: dtypes, 16-byte alignment, ints equal to 1, divisible by 16 or beyond 32 bits)."""
+    if args[0].device.type != "cuda" or not _replay_enabled():
+        kernel[grid](*args, **cfg)
+        return
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    key = (kernel, grid, *cfg.items(), *constexprs, *[
+        (a == 1, a % 16 == 0, -2**31 <= a < 2**31) if type(a) is int else (a.dtype, a.data_ptr() % 16 == 0)
+        for a in args])
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        compiled = _COMPILED[key] = kernel[grid](*args, **cfg)
+    else:
+        stream = triton.runtime.driver.active.get_current_stream(args[0].device.index)
+        compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None, None,
+                     None, *args, *constexprs)
+    if rec is not None:
+        rec.launched(compiled, grid, args, constexprs)
+
+
+def _bind(sizes, name, x, want):
+    if x.dim() != len(want):
+        raise ValueError(f"{name}: expected {len(want)} dimensions {list(want)}, got shape {tuple(x.shape)}")
+    for pos, (w, got) in enumerate(zip(want, x.shape)):
+        if isinstance(w, int):
+            if w != got:
+                raise ValueError(f"{name}: dimension {pos} must be {w}, got {got}")
+        elif sizes.setdefault(w, got) != got:
+            raise ValueError(f"{name}: dimension {pos} is {w} = {got}, but another input has {w} = {sizes[w]}")
