@@ -216,6 +216,8 @@ PLAN = {plan_one!r}
 # Tunables: block sizes, warps and pipeline stages (GPU), and the small blocks used under the interpreter.
 CONFIG = {gpu!r}
 INTERPRETER_CONFIG = {cpu!r}
+# Inputs of forward in order: name -> (dtype, shape); a str in a shape is a size given at run time.
+INPUTS = {inputs_table!r}
 
 
 {kernels}
@@ -264,7 +266,9 @@ def _launch(name: str, w: KernelWriter, inputs: list[str], outs: list[str], grid
     return [f"    _launch(rec, {name}_kernel, ({grid}), (", f"        {', '.join(call)},", f"    ), {cfg}, ({blocks}))"]
 
 
-def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.py", out_file: str = "OUT.py") -> str:
+def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.py", out_file: str = "OUT.py",
+                  tuned: dict | None = None) -> str:
+    """The module's source; `tuned` (a measured config) replaces the default GPU tunables it names."""
     spec = sched.spec
     inputs = list(spec.inputs)
     shape = spec.output_shape or [spec.extent(a) for a in spec.output_axes]
@@ -287,6 +291,9 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
         return "(" + "".join((repr(s) if isinstance(s, int) else repr(s.name)) + ", " for s in shape).strip() + ")"
 
     binds = "\n".join(f"    _bind(sizes, {n!r}, {n}, {shape_code(spec.inputs[n].shape)})" for n in inputs)
+    gpu.update({k: v for k, v in (tuned or {}).items() if k in gpu})
+    inputs_table = {n: (TORCH_DTYPE[spec.inputs[n].dtype].split(".")[1],
+                        tuple(e if isinstance(e, int) else e.name for e in spec.inputs[n].shape)) for n in inputs}
     derived = spec.derived
     bases = [derived[d][1] for d in dims_used if d in derived]
     dims_used = list(dict.fromkeys(list(dims_used) + bases))
@@ -296,7 +303,7 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
     return MODULE.format(
         title=title, spec=spec.name, spec_file=spec_file, out_file=out_file,
         plan=textwrap.indent(plan, "    "), plan_one=plan, name=name, gpu=gpu, cpu=cpu, kernels=kernels,
-        helpers=helpers, runtime=_runtime_source(), args=", ".join(inputs), first=inputs[0], binds=binds, dims=dims or "    pass",
+        helpers=helpers, runtime=_runtime_source(), inputs_table=inputs_table, args=", ".join(inputs), first=inputs[0], binds=binds, dims=dims or "    pass",
         launch="\n".join(launch), doc=f"{spec.name}: inputs {', '.join(inputs)}; returns {spec.output_name}.",
     )
 

@@ -65,6 +65,36 @@ def optimize(spec_file: str, output: str | None, explain: bool, shape: str | Non
 
 @main.command()
 @click.argument("spec_file", type=click.Path(dir_okay=False))
+@click.option("--shape", required=True, help="Sizes to tune at, e.g. B=1,S=4096 (stored per power-of-two bucket).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the module with the tuned config.")
+@click.option("--budget", default=60.0, show_default=True, help="Seconds of measuring at most.")
+def tune(spec_file: str, shape: str, output: str | None, budget: float) -> None:
+    """Measure SPEC_FILE's kernel tunables on this GPU, store the best in the tuning database, and (with -o)
+    write the module with it. Later `optimize` runs on this GPU use the stored config."""
+    if not _has_gpu():
+        raise click.ClickException("tuning measures kernels on a GPU, and this machine has none")
+    from .compiler import optimize as run
+    from .runtime import load_module
+    from .tune import db_path, random_inputs_for, tune_module
+
+    sizes = _sizes(shape)
+    try:
+        result = run(spec_file, sizes=sizes)
+    except SpecError as e:
+        raise click.ClickException(str(e)) from e
+    mod = load_module(result.source, result.spec.name)
+    key, tuned = tune_module(mod, result.spec.name, {**result.spec.typical, **sizes},
+                             random_inputs_for(mod, {**result.spec.typical, **sizes}), budget)
+    click.echo(f"{key}: best {tuned.best_ms:.4f} ms with {tuned.best}; default {tuned.default_ms:.4f} ms "
+               f"({len(tuned.tried)} configs, {tuned.stopped}); stored in {db_path()}")
+    if output:
+        result = run(spec_file, sizes=sizes, out_file=output)
+        Path(output).write_text(result.source)
+        click.echo(f"wrote {output}")
+
+
+@main.command()
+@click.argument("spec_file", type=click.Path(dir_okay=False))
 @click.option("--shape", required=True, help="Run-time sizes, e.g. B=1,S=45.")
 @click.option("--seed", default=0, show_default=True)
 def check(spec_file: str, shape: str, seed: int) -> None:

@@ -18,6 +18,7 @@ class Result:
     saturation: Saturation
     candidates: list[Candidate]
     source: str
+    tuned: dict | None = None   # a measured config from the tuning database, baked into the module
 
     @property
     def chosen(self) -> Candidate:
@@ -60,6 +61,8 @@ class Result:
                 lines.append(f"not rolled: {ir.show(r)[:100]} waits for {ir.show(waits[0])[:60]}: no rolling rewrite "
                              f"applied (its body has no form u op x with x read only from finished reductions over "
                              f"{r.attrs[1]} and u from none, or the repair for that op is refused above)")
+        if self.tuned:
+            lines.append(f"tunables measured on this GPU (tuning database): {self.tuned}")
         lines.append(f"chosen: {c.family} ({c.sched.passes} pass{'es' if c.sched.passes != 1 else ''} over "
                      f"{c.sched.loop}; rows {c.sched.row}, columns {c.sched.col}, programs over {list(c.sched.grid)})")
         return "\n".join(lines)
@@ -85,5 +88,7 @@ def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, devic
     best = cands[0]
     plan = "\n".join([f"{best.family}: {best.sched.passes} pass(es) over {best.sched.loop}"] +
                       ir.show_lets(best.term))
-    src = module_source(best.sched, module_name(spec), plan, spec_file or "SPEC.py", out_file or "OUT.py")
-    return Result(spec, sat, cands, src)
+    from .tune import stored_config
+    tuned = stored_config(spec.name, sizes, device.name)
+    src = module_source(best.sched, module_name(spec), plan, spec_file or "SPEC.py", out_file or "OUT.py", tuned)
+    return Result(spec, sat, cands, src, tuned)

@@ -1,0 +1,184 @@
+"""Measured tuning of a generated module's tunables, and the tuning database.
+
+A generated module exposes CONFIG (block sizes, warps, stages and, for split plans, the chunk count). `tune`
+times a grid around it on the GPU (warm-up, then the median of repeated runs), within a time budget, and
+returns the fastest. Results are kept in a JSON database keyed by spec, shape bucket (each size rounded up to
+a power of two), GPU name and Triton version; writes merge under a file lock and replace the file atomically,
+so several processes may tune at once. `neptune-eqsat optimize` bakes a stored result into the module's
+CONFIG. Needs torch and triton only (no compiler), so it can run where the kernels run:
+
+    python -m neptune_eqsat.tune KERNEL.py --spec causal_pf --shape B=1,S=4096
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BUDGET_SECONDS = 60.0
+
+
+def db_path() -> Path:
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "neptune_eqsat" / "tuning.json"
+    return Path(os.environ.get("NEPTUNE_EQSAT_TUNING_DB", default))
+
+
+def bucket(sizes: dict[str, int]) -> str:
+    return ",".join(f"{k}={1 << max(0, (int(v) - 1).bit_length())}" for k, v in sorted(sizes.items()))
+
+
+def db_key(spec_name: str, sizes: dict[str, int], gpu: str, triton_version: str) -> str:
+    return f"{spec_name}|{bucket(sizes)}|{gpu}|triton {triton_version}"
+
+
+def load_db(path: Path | None = None) -> dict:
+    path = path or db_path()
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def store(key: str, entry: dict, path: Path | None = None) -> None:
+    """Merge one entry into the database: under an exclusive lock, written to a temporary file and renamed."""
+    path = path or db_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        try:
+            import fcntl
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except ImportError:   # no POSIX locks: the rename still keeps the file whole
+            pass
+        db = load_db(path)
+        db[key] = entry
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(db, indent=1, sort_keys=True))
+        tmp.replace(path)
+
+
+def candidates(config: dict) -> list[dict]:
+    """Configs around a module's CONFIG: each block size halved and doubled, warps, stages, chunk counts."""
+    axes: dict[str, list] = {}
+    for k, v in config.items():
+        if k.startswith("BLOCK_"):
+            axes[k] = sorted({max(16, v // 2), v, min(256, v * 2)})
+        elif k == "num_warps":
+            axes[k] = [4, 8]
+        elif k == "num_stages":
+            axes[k] = [2, 3, 4]
+        elif k == "CHUNKS":
+            axes[k] = [0, 2, 4, 8, 16, 32]
+    keys = list(axes)
+    grid = [dict(zip(keys, vals)) for vals in itertools.product(*(axes[k] for k in keys))]
+    base = {k: config[k] for k in keys}
+    grid.sort(key=lambda c: c != base)   # the current default first: it is the baseline
+    return grid
+
+
+@dataclass
+class Tuned:
+    best: dict
+    best_ms: float
+    default_ms: float
+    tried: list = field(default_factory=list)   # (config, ms); inf where it failed (e.g. out of shared memory)
+    stopped: str = "grid done"
+
+
+def measure_gpu(fn) -> float:
+    import triton
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def tune(forward, inputs: list, config: dict, budget: float = BUDGET_SECONDS, measure=measure_gpu,
+         progress=sys.stderr) -> Tuned:
+    grid = candidates(config)
+    tried: list = []
+    t0 = time.perf_counter()
+    stopped = "grid done"
+    for n, cfg in enumerate(grid):
+        if n and time.perf_counter() - t0 > budget:   # the default is always measured
+            stopped = f"time budget ({budget:g} s) after {n} of {len(grid)} configs"
+            break
+        try:
+            ms = measure(lambda: forward(*inputs, config=cfg))
+        except Exception:   # a config may not compile or fit; it is skipped
+            ms = math.inf
+        tried.append((cfg, ms))
+        if progress is not None:
+            done = int(30 * (n + 1) / len(grid))
+            best = min(t for _, t in tried)
+            progress.write(f"\r[{'#' * done}{'.' * (30 - done)}] {n + 1}/{len(grid)} best {best:.4f} ms")
+            progress.flush()
+    if progress is not None:
+        progress.write("\n")
+    best_cfg, best_ms = min(tried, key=lambda t: t[1])
+    return Tuned(best_cfg, best_ms, tried[0][1], tried, stopped)
+
+
+def tune_module(module, spec_name: str, sizes: dict[str, int], inputs: list, budget: float = BUDGET_SECONDS,
+                measure=measure_gpu, gpu: str | None = None, progress=sys.stderr) -> tuple[str, Tuned]:
+    """Tune a loaded generated module on `inputs` and store the result; returns (database key, result)."""
+    import triton
+    if gpu is None:
+        import torch
+        gpu = torch.cuda.get_device_name()
+    result = tune(module.forward, inputs, dict(module.CONFIG), budget, measure, progress)
+    key = db_key(spec_name, sizes, gpu, triton.__version__)
+    if math.isfinite(result.best_ms):
+        store(key, {"config": result.best, "ms": result.best_ms, "default_ms": result.default_ms,
+                    "configs_tried": len(result.tried), "stopped": result.stopped})
+    return key, result
+
+
+def stored_config(spec_name: str, sizes: dict[str, int], gpu: str) -> dict | None:
+    """The best measured config for this spec, shape bucket and GPU (any Triton version: newest entry)."""
+    import triton
+    db = load_db()
+    exact = db.get(db_key(spec_name, sizes, gpu, triton.__version__))
+    if exact:
+        return exact["config"]
+    prefix = f"{spec_name}|{bucket(sizes)}|{gpu}|"
+    hits = [v for k, v in sorted(db.items()) if k.startswith(prefix)]
+    return hits[-1]["config"] if hits else None
+
+
+def _main(argv=None) -> None:
+    import argparse
+    import importlib.util
+
+    import torch
+
+    ap = argparse.ArgumentParser(description="Tune a generated module on this GPU and store the result.")
+    ap.add_argument("module")
+    ap.add_argument("--spec", required=True, help="spec name (the database key)")
+    ap.add_argument("--shape", required=True, help="sizes, e.g. B=1,S=4096")
+    ap.add_argument("--budget", type=float, default=BUDGET_SECONDS)
+    args = ap.parse_args(argv)
+    sizes = {k: int(v) for k, v in (p.split("=") for p in args.shape.split(","))}
+    spec = importlib.util.spec_from_file_location("tuned_module", args.module)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    inputs = random_inputs_for(mod, sizes)
+    key, result = tune_module(mod, args.spec, sizes, inputs, args.budget)
+    print(f"{key}: best {result.best_ms:.4f} ms {result.best} (default {result.default_ms:.4f} ms; "
+          f"{len(result.tried)} configs, {result.stopped})")
+
+
+def random_inputs_for(mod, sizes: dict[str, int], device: str = "cuda") -> list:
+    """Random inputs for a generated module, from its INPUTS table."""
+    import torch
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for dtype, shape in mod.INPUTS.values():
+        dims = [d if isinstance(d, int) else sizes[d] for d in shape]
+        out.append(torch.randn(dims, generator=g).to(device=device, dtype=getattr(torch, dtype)))
+    return out
+
+
+if __name__ == "__main__":
+    _main()
