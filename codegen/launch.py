@@ -17,8 +17,16 @@ def _signature(*tensors):
 
 
 def _replay_enabled():
-    knobs = getattr(triton, "knobs", None)
-    return knobs is not None and knobs.runtime.launch_enter_hook is None
+    return getattr(triton, "knobs", None) is not None
+
+
+def _run(compiled, grid, stream, args):
+    """Launch a compiled kernel the way Triton does, including its launch hooks when a profiler set them."""
+    hooks = triton.knobs.runtime
+    enter = hooks.launch_enter_hook
+    meta = compiled.launch_metadata(grid, stream, *args) if enter is not None else None
+    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, meta, enter,
+                 hooks.launch_exit_hook, *args)
 
 
 class _Recording:
@@ -46,9 +54,8 @@ class _Recording:
         def replay(*inputs):
             bufs = list(inputs) + [torch.empty(s, device=device, dtype=d) for s, d in allocs]
             stream = run(device.index)
-            for compiled, (g0, g1, g2), slots, ints in launches:
-                compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None,
-                             *[bufs[i] for i in slots], *ints)
+            for compiled, grid, slots, ints in launches:
+                _run(compiled, grid, stream, [bufs[i] for i in slots] + list(ints))
             return bufs[-1]   # the output is the last allocation
         return replay
 
@@ -71,9 +78,8 @@ def _launch(rec, kernel, grid, args, cfg, constexprs):
     if compiled is None:
         compiled = _COMPILED[key] = kernel[grid](*args, **cfg)
     else:
-        stream = triton.runtime.driver.active.get_current_stream(args[0].device.index)
-        compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None, None,
-                     None, *args, *constexprs)
+        _run(compiled, grid, triton.runtime.driver.active.get_current_stream(args[0].device.index),
+             list(args) + list(constexprs))
     if rec is not None:
         rec.launched(compiled, grid, args, constexprs)
 
