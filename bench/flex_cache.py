@@ -27,8 +27,9 @@ def main() -> None:
         offset = torch.tensor(63) if decode else 0
         mod, mask = api_callables(op, alibi_slopes(op.hq, "cpu"), offset)
         plan = flex._plan(mod, mask, *flex._problem(q, k, k, None, op.hq != op.hkv))
-        flex.compiled_module(plan, flex._SPECS[plan], interpret=False)
-        print(f"{op.name}: {flex.cache_dir() / f'flex_{plan}.py'}", flush=True)
+        plan += ":decode" if decode else ":prefill"
+        flex.compiled_module(flex._KEYS[plan], flex._SPECS[plan], interpret=False)
+        print(f"{op.name}: {flex.cache_dir() / f'flex_{flex._KEYS[plan]}.py'}", flush=True)
 
 
 if __name__ == "__main__":

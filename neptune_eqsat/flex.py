@@ -23,7 +23,7 @@ import threading
 import traceback
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 
@@ -224,7 +224,7 @@ class Problem:
     head_dim: int
     value_dim: int
     scale: float
-    decode: bool
+    decode: bool = False
 
 
 def trace(score_mod, mask_mod, problem: Problem) -> tuple[Spec, list[torch.Tensor]]:
@@ -340,12 +340,14 @@ def compiled_module(key: str, spec: Spec, interpret: bool) -> ModuleType:
 # made while the model is traced (its name is a constant of the graph) and the operator is one opaque node.
 _SPECS: dict[str, Spec] = {}
 _CAPTURES: dict[str, list[torch.Tensor]] = {}
+_KEYS: dict[str, str] = {}   # plan variant -> cache key
 _TRACED: OrderedDict = OrderedDict()   # (callables' ids, problem) -> (weak refs to the callables, plan)
 
 
 def run_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, captures: list[torch.Tensor],
              plan: str) -> torch.Tensor:
-    mod = compiled_module(plan, _SPECS[plan], interpret=query.device.type == "cpu")
+    plan += ":decode" if query.shape[2] <= DECODE_ROWS else ":prefill"   # priced for its query length
+    mod = compiled_module(_KEYS[plan], _SPECS[plan], interpret=query.device.type == "cpu")
     captures = [(c if c.dtype in DTYPES else c.float()).to(query.device) for c in captures]
     if query.device.type != "cpu":
         return mod.forward(query, key, value, *captures)
@@ -373,7 +375,7 @@ def _ref(fn):
 def _plan(score_mod, mask_mod, *fields) -> str:
     """The plan's name; traces the callables once per callables and problem. Takes the problem as plain
     values: under torch.compile this runs while the model is traced and its result is a constant."""
-    problem = Problem(*fields)
+    problem = Problem(*fields, decode=False)
     memo = (id(score_mod), id(mask_mod), problem)
     hit = _TRACED.get(memo)
     if hit is not None and hit[0][0]() is score_mod and hit[0][1]() is mask_mod:
@@ -381,7 +383,11 @@ def _plan(score_mod, mask_mod, *fields) -> str:
         return hit[1]
     spec, captures = trace(score_mod, mask_mod, problem)
     name = plan_key(spec, problem)
-    _SPECS[name], _CAPTURES[name] = spec, captures
+    _CAPTURES[name] = captures
+    for kind, decode in (("prefill", False), ("decode", True)):   # chosen by the query length at run time
+        variant = replace(problem, decode=decode)
+        _SPECS[f"{name}:{kind}"] = trace(score_mod, mask_mod, variant)[0] if decode else spec
+        _KEYS[f"{name}:{kind}"] = plan_key(_SPECS[f"{name}:{kind}"], variant)
     _TRACED[memo] = ((_ref(score_mod), _ref(mask_mod)), name)
     if len(_TRACED) > 256:
         _TRACED.popitem(last=False)
@@ -412,8 +418,10 @@ def _problem(query, key, value, scale, enable_gqa) -> tuple:
         raise ValueError(f"query has {hq} heads and key {hkv}: pass enable_gqa=True for grouped-query attention")
     if hq % hkv:
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv})")
-    return (DTYPES[query.dtype], int(hq), int(hkv), int(query.shape[-1]), int(value.shape[-1]),
-            float(scale) if scale is not None else 1.0 / math.sqrt(query.shape[-1]), query.shape[2] <= DECODE_ROWS)
+    # no sequence length here: under torch.compile they may be dynamic, and the plan's name must be a constant
+    d = int(query.shape[-1])
+    return (DTYPES[query.dtype], int(hq), int(hkv), d, int(value.shape[-1]),
+            float(scale) if scale is not None else 1.0 / math.sqrt(d))
 
 
 def _check_interpreter() -> None:

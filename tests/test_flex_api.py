@@ -163,6 +163,9 @@ def test_inside_torch_compile_without_graph_breaks():
 
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     assert torch.equal(compiled(q, k, v), model(q, k, v))
+    for L, S in ((17, 30), (1, 30)):   # new lengths: recompiled with dynamic lengths; decode picked at run time
+        q2, k2, v2 = inputs(1, 4, 4, L, S, 16, seed=L)
+        assert torch.equal(compiled(q2, k2, v2), model(q2, k2, v2))
 
 
 def test_untraceable_callables_name_callable_line_and_construct():
