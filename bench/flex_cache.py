@@ -26,10 +26,10 @@ def main() -> None:
         k = torch.empty(1, op.hkv, 64, D, dtype=torch.float16)
         offset = torch.tensor(63) if decode else 0
         mod, mask = api_callables(op, alibi_slopes(op.hq, "cpu"), offset)
-        plan = flex._plan(mod, mask, *flex._problem(q, k, k, None, op.hq != op.hkv))
-        plan += ":decode" if decode else ":prefill"
-        flex.compiled_module(flex._KEYS[plan], flex._SPECS[plan], interpret=False)
-        print(f"{op.name}: {flex.cache_dir() / f'flex_{flex._KEYS[plan]}.py'}", flush=True)
+        problem = flex._problem(q, k, k, None, op.hq != op.hkv)
+        spec = flex.trace(mod, mask, problem)[0]
+        flex.compiled_module(flex.plan_key(spec, problem), spec, interpret=False)
+        print(f"{op.name}: {flex.cache_dir() / f'flex_{flex.plan_key(spec, problem)}.py'}", flush=True)
 
 
 if __name__ == "__main__":

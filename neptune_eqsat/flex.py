@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import linecache
 import math
 import os
@@ -338,22 +339,35 @@ def compiled_module(key: str, spec: Spec, interpret: bool) -> ModuleType:
 # ---- the torch operator ---------------------------------------------------------------------------------------
 # A plan names traced callables and a problem; the operator runs its kernels. Under torch.compile the plan is
 # made while the model is traced (its name is a constant of the graph) and the operator is one opaque node.
-_SPECS: dict[str, Spec] = {}
 _CAPTURES: dict[str, list[torch.Tensor]] = {}
-_KEYS: dict[str, str] = {}   # plan variant -> cache key
+_CALLABLES: dict[str, tuple] = {}   # plan -> (score_mod, mask_mod, scale, enable_gqa)
+_VARIANTS: dict[tuple, ModuleType] = {}   # (plan, problem, interpreted) -> module
+_PLAN_IDS = itertools.count()
 _TRACED: OrderedDict = OrderedDict()   # (callables' ids, problem) -> (weak refs to the callables, plan)
 
 
 def run_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, captures: list[torch.Tensor],
              plan: str) -> torch.Tensor:
-    plan += ":decode" if query.shape[2] <= DECODE_ROWS else ":prefill"   # priced for its query length
-    mod = compiled_module(_KEYS[plan], _SPECS[plan], interpret=query.device.type == "cpu")
+    """Run a plan on real tensors: the problem (heads, head dims, decode or prefill) is read from them here,
+    at run time, so a traced model may change any of them."""
+    mod = _module_for(plan, query, key, value)
     captures = [(c if c.dtype in DTYPES else c.float()).to(query.device) for c in captures]
     if query.device.type != "cpu":
         return mod.forward(query, key, value, *captures)
     _check_interpreter()
     with _interpreting():   # the interpreter reads the setting while it runs, too
         return mod.forward(query, key, value, *captures)
+
+
+def _module_for(plan: str, query, key, value) -> ModuleType:
+    score_mod, mask_mod, scale, enable_gqa = _CALLABLES[plan]
+    problem = _problem(query, key, value, scale, enable_gqa)
+    variant = (plan, problem, query.device.type == "cpu")
+    mod = _VARIANTS.get(variant)
+    if mod is None:
+        spec = trace(score_mod, mask_mod, problem)[0]
+        mod = _VARIANTS[variant] = compiled_module(plan_key(spec, problem), spec, interpret=variant[2])
+    return mod
 
 
 attention_op = torch.library.custom_op("neptune_eqsat::flex_attention", run_plan, mutates_args=())
@@ -371,23 +385,23 @@ def _ref(fn):
         return lambda: fn
 
 
+# a stand-in problem for finding what the callables capture (the captures do not depend on the shapes)
+_PROBE = Problem("f16", 2, 1, 16, 16, 0.25)
+
+
 @torch._dynamo.assume_constant_result
-def _plan(score_mod, mask_mod, *fields) -> str:
-    """The plan's name; traces the callables once per callables and problem. Takes the problem as plain
-    values: under torch.compile this runs while the model is traced and its result is a constant."""
-    problem = Problem(*fields, decode=False)
-    memo = (id(score_mod), id(mask_mod), problem)
+def _plan(score_mod, mask_mod, scale, enable_gqa) -> str:
+    """The plan's name for these callables. Under torch.compile this runs while the model is traced and its
+    result is a constant, so it takes no shapes (they may be dynamic there); it traces the callables once to
+    find the tensors they capture."""
+    memo = (id(score_mod), id(mask_mod), scale, enable_gqa)
     hit = _TRACED.get(memo)
     if hit is not None and hit[0][0]() is score_mod and hit[0][1]() is mask_mod:
         _TRACED.move_to_end(memo)
         return hit[1]
-    spec, captures = trace(score_mod, mask_mod, problem)
-    name = plan_key(spec, problem)
-    _CAPTURES[name] = captures
-    for kind, decode in (("prefill", False), ("decode", True)):   # chosen by the query length at run time
-        variant = replace(problem, decode=decode)
-        _SPECS[f"{name}:{kind}"] = trace(score_mod, mask_mod, variant)[0] if decode else spec
-        _KEYS[f"{name}:{kind}"] = plan_key(_SPECS[f"{name}:{kind}"], variant)
+    spec, captures = trace(score_mod, mask_mod, _PROBE)
+    name = f"{plan_key(spec, _PROBE)}:{scale}:{enable_gqa}:{next(_PLAN_IDS)}"   # one per callables: own captures
+    _CAPTURES[name], _CALLABLES[name] = captures, (score_mod, mask_mod, scale, enable_gqa)
     _TRACED[memo] = ((_ref(score_mod), _ref(mask_mod)), name)
     if len(_TRACED) > 256:
         _TRACED.popitem(last=False)
@@ -398,14 +412,13 @@ def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
                    scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
     """FlexAttention's semantics: softmax(score_mod(q k^T * scale)) v over the keys mask_mod keeps; a query that
     keeps no key gets 0. q [B, Hq, L, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv]; Hq != Hkv needs enable_gqa."""
-    plan = _plan(score_mod, mask_mod, *_problem(query, key, value, scale, enable_gqa))
+    plan = _plan(score_mod, mask_mod, None if scale is None else float(scale), bool(enable_gqa))
     if torch.compiler.is_compiling():   # one opaque node in the graph
         return attention_op(query, key, value, _CAPTURES[plan], plan)
     return run_plan(query, key, value, _CAPTURES[plan], plan)   # eager: skip the operator's dispatch cost
 
 
-def _problem(query, key, value, scale, enable_gqa) -> tuple:
-    """The fields of the Problem (plain values)."""
+def _problem(query, key, value, scale, enable_gqa) -> Problem:
     for name, t in (("query", query), ("key", key), ("value", value)):
         if t.dim() != 4:
             raise ValueError(f"{name}: expected 4 dimensions [B, H, L, D], got shape {tuple(t.shape)}")
@@ -418,10 +431,9 @@ def _problem(query, key, value, scale, enable_gqa) -> tuple:
         raise ValueError(f"query has {hq} heads and key {hkv}: pass enable_gqa=True for grouped-query attention")
     if hq % hkv:
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv})")
-    # no sequence length here: under torch.compile they may be dynamic, and the plan's name must be a constant
-    d = int(query.shape[-1])
-    return (DTYPES[query.dtype], int(hq), int(hkv), d, int(value.shape[-1]),
-            float(scale) if scale is not None else 1.0 / math.sqrt(d))
+    d = query.shape[-1]
+    return Problem(DTYPES[query.dtype], hq, hkv, d, value.shape[-1], scale if scale is not None else 1.0 / math.sqrt(d),
+                   query.shape[2] <= DECODE_ROWS)
 
 
 def _check_interpreter() -> None:
