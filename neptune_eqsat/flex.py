@@ -343,6 +343,7 @@ _CAPTURES: dict[str, list[torch.Tensor]] = {}
 _CALLABLES: dict[str, tuple] = {}   # plan -> (score_mod, mask_mod, scale, enable_gqa)
 _VARIANTS: dict[tuple, ModuleType] = {}   # (plan, problem, interpreted) -> module
 _PLAN_IDS = itertools.count()
+_BY_SHAPE: dict[tuple, ModuleType] = {}
 _TRACED: OrderedDict = OrderedDict()   # (callables' ids, problem) -> (weak refs to the callables, plan)
 
 
@@ -351,7 +352,8 @@ def run_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, captur
     """Run a plan on real tensors: the problem (heads, head dims, decode or prefill) is read from them here,
     at run time, so a traced model may change any of them."""
     mod = _module_for(plan, query, key, value)
-    captures = [(c if c.dtype in DTYPES else c.float()).to(query.device) for c in captures]
+    if captures:
+        captures = [(c if c.dtype in DTYPES else c.float()).to(query.device) for c in captures]
     if query.device.type != "cpu":
         return mod.forward(query, key, value, *captures)
     _check_interpreter()
@@ -360,6 +362,16 @@ def run_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, captur
 
 
 def _module_for(plan: str, query, key, value) -> ModuleType:
+    shapes = (plan, query.shape, key.shape, value.shape, query.dtype, query.device.type)
+    mod = _BY_SHAPE.get(shapes)   # the common case: the same call again, validated before
+    if mod is None:
+        mod = _BY_SHAPE[shapes] = _resolve(plan, query, key, value)
+        if len(_BY_SHAPE) > 4096:
+            _BY_SHAPE.clear()
+    return mod
+
+
+def _resolve(plan: str, query, key, value) -> ModuleType:
     score_mod, mask_mod, scale, enable_gqa = _CALLABLES[plan]
     problem = _problem(query, key, value, scale, enable_gqa)
     variant = (plan, problem, query.device.type == "cpu")
