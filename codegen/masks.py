@@ -165,6 +165,13 @@ _NP_BIN = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divi
            "floordiv": np.floor_divide, "mod": np.mod}
 
 
+def _index_condition(t: Term) -> bool:
+    """A comparison or logic of indices only (no loaded or reduced values)."""
+    if not ((t.op == "bin" and t.attrs[0] in ir.COMPARE + ir.LOGIC) or (t.op == "un" and t.attrs[0] == "not")):
+        return False
+    return all(x.op in INDEX_OPS or x.op in ("bin", "un") for x in ir.walk(t))
+
+
 def masked_gives_identity(body: Term, reducer: str, masked: list[Term], loop: str, max_leaves: int = 6) -> bool:
     """With every where in `masked` taking its else branch, does body equal the reducer's identity for all
     values of the other leaves (loads, reductions, indices)?"""
@@ -173,7 +180,9 @@ def masked_gives_identity(body: Term, reducer: str, masked: list[Term], loop: st
     leaves: list[Term] = []
 
     def find(t: Term) -> None:
-        if t.op in ("load", "axis", "dim", "acc") or ir.is_reduction(t) or t.op == "prev":
+        # an index condition other than the skipped mask (e.g. i >= 12) may be true or false: a boolean leaf
+        # taking both values, not a function of a few sampled indices (which could all make it false)
+        if t.op in ("load", "axis", "dim", "acc") or ir.is_reduction(t) or t.op == "prev" or _index_condition(t):
             if t not in leaves:
                 leaves.append(t)
             return
@@ -185,7 +194,9 @@ def masked_gives_identity(body: Term, reducer: str, masked: list[Term], loop: st
         return False
     grids = []
     for leaf in leaves:
-        if leaf.op in ("axis", "dim"):
+        if _index_condition(leaf):
+            grids.append([0.0, 1.0])
+        elif leaf.op in ("axis", "dim"):
             grids.append([0.0, 1.0, 5.0])
         elif ir.is_reduction(leaf) or leaf.op in ("prev", "acc"):
             grids.append(REDUCED)

@@ -80,3 +80,11 @@ def test_mask_the_bounds_analysis_cannot_read_is_tested_in_every_block(tmp_path)
     """A mask that is not linear in i and j (every third key) gives no key bounds: no block may skip its test."""
     path = spec_variant(tmp_path, "causal_pf", {"where(i >= j, s, -inf)": "where((j % 3) == 1, s, -inf)"})
     assert_close(path, {"B": 1, "S": 40}, seed=3)
+
+
+def test_a_where_that_masks_nothing_gives_no_key_bounds(tmp_path):
+    """where(i >= j, s, s) reads like a causal mask but keeps every key; rows i < 12 are masked by a condition
+    on i alone. Skipping keys past the diagonal would be wrong (found by the random-spec tests)."""
+    path = spec_variant(tmp_path, "causal_pf", {"s = where(i >= j, s, -inf)":
+                                                "s = s + tanh(where(i >= j, s, s))\ns = where(i >= 12, s, -inf)"})
+    assert_close(path, {"B": 1, "S": 24}, seed=24)
