@@ -320,13 +320,11 @@ def _split_parts(sched: Schedule, name: str, inputs: list[str], out_alloc: str, 
     part_src, w = kernel_source(sched, name, comb.partials)
     cname = f"{name}_combine"
     comb_src, cw = kernel_source(comb.sched, cname)
-    cgpu, ccpu = _row_loop_blocks(comb.sched)
-    for c, base in ((cgpu, COMBINE_GPU), (ccpu, COMBINE_CPU)):
-        c.update(base)
-        c[f"BLOCK_{comb.sched.row.upper()}"] = 4 if c is cgpu else 2
-        c[f"BLOCK_{comb.chunk_axis.upper()}"] = 16 if c is cgpu else 4
-    for c, small in ((gpu, 16), (cpu, 16)):
-        c[f"BLOCK_{sched.row.upper()}"] = small   # few query rows: the smallest tile the matrix units take
+    rows, chunks = f"BLOCK_{comb.sched.row.upper()}", f"BLOCK_{comb.chunk_axis.upper()}"
+    cgpu = {**COMBINE_GPU, rows: 4, chunks: 16}
+    ccpu = {**COMBINE_CPU, rows: 2, chunks: 4}
+    # few query rows: the smallest tile the matrix units take
+    gpu[f"BLOCK_{sched.row.upper()}"] = cpu[f"BLOCK_{sched.row.upper()}"] = 16
     gpu.update(num_warps=4, CHUNKS=0, COMBINE=cgpu)
     cpu.update(CHUNKS=0, COMBINE=ccpu)
     rows, rest = _grid(w, sched, "cfg")

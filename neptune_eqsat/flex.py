@@ -12,6 +12,7 @@ elements at -inf; the compiler finds the fused plan (rolled for prefill, split-K
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import itertools
@@ -24,7 +25,7 @@ import threading
 import traceback
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
@@ -134,11 +135,11 @@ class Sym:
     def __ror__(self, o): return self._op(lambda a, b: S._wrap(a) | b, o, True)
     def __neg__(self): return Sym(-S._wrap(self.expr))
     def __invert__(self): return Sym(~S._wrap(self.expr))
-    def __abs__(self): return Sym(S.abs(self.expr))
-    def abs(self): return abs(self)
-    def exp(self): return Sym(S.exp(self.expr))
-    def tanh(self): return Sym(S.tanh(self.expr))
-    def sigmoid(self): return Sym(1.0 / (1.0 + S.exp(-S._wrap(self.expr))))
+    def __abs__(self): return TORCH_FUNCTIONS["abs"](self)
+    def abs(self): return TORCH_FUNCTIONS["abs"](self)
+    def exp(self): return TORCH_FUNCTIONS["exp"](self)
+    def tanh(self): return TORCH_FUNCTIONS["tanh"](self)
+    def sigmoid(self): return TORCH_FUNCTIONS["sigmoid"](self)
     def float(self): return self
     def to(self, *a, **k): return self
     __hash__ = None  # type: ignore[assignment]
@@ -279,17 +280,10 @@ def _load(source: str, key: str, interpret: bool) -> ModuleType:
         tmp.write_text(source)
         tmp.replace(path)   # atomic: processes sharing the cache see the old file or the new one
     name = f"neptune_flex_{key}_{'interpreted' if interpret else 'compiled'}"
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
-    try:
+    with _triton_interpret(interpret):   # Triton decides interpreted or compiled when a kernel is defined
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    finally:
-        if saved is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
     sys.modules[name] = module
     return module
 
@@ -357,7 +351,7 @@ def run_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, captur
     if query.device.type != "cpu":
         return mod.forward(query, key, value, *captures)
     _check_interpreter()
-    with _interpreting():   # the interpreter reads the setting while it runs, too
+    with _triton_interpret(True):   # the interpreter reads the setting while it runs, too
         return mod.forward(query, key, value, *captures)
 
 
@@ -457,16 +451,18 @@ def _check_interpreter() -> None:
                            "or triton")
 
 
-class _interpreting:
-    def __enter__(self):
-        self.saved = os.environ.get("TRITON_INTERPRET")
-        os.environ["TRITON_INTERPRET"] = "1"
-
-    def __exit__(self, *exc):
-        if self.saved is None:
+@contextlib.contextmanager
+def _triton_interpret(on: bool):
+    """TRITON_INTERPRET set to `on` for the duration, then restored."""
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if saved is None:
             os.environ.pop("TRITON_INTERPRET", None)
         else:
-            os.environ["TRITON_INTERPRET"] = self.saved
+            os.environ["TRITON_INTERPRET"] = saved
 
 
 __all__ = ["flex_attention", "trace", "Problem", "TraceError", "cache_dir"]

@@ -151,8 +151,6 @@ def _main(argv=None) -> None:
     import argparse
     import importlib.util
 
-    import torch
-
     ap = argparse.ArgumentParser(description="Tune a generated module on this GPU and store the result.")
     ap.add_argument("module")
     ap.add_argument("--spec", required=True, help="spec name (the database key)")
