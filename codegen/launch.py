@@ -38,7 +38,12 @@ class _Recording:
     def empty(self, shape, dtype, device):
         t = torch.empty(shape, device=device, dtype=dtype)
         self.buffers.append(t)
-        self.allocs.append((shape, dtype))
+        self.allocs.append((False, shape, dtype))
+        return t
+
+    def tickets(self, t, count):
+        self.buffers.append(t)
+        self.allocs.append((True, count, None))
         return t
 
     def launched(self, compiled, grid, args, constexprs):
@@ -47,21 +52,42 @@ class _Recording:
         ints = tuple(a for a in args if not isinstance(a, torch.Tensor)) + tuple(constexprs)
         self.launches.append((compiled, grid, slots, ints))
 
-    def replay(self, device):
+    def replay(self, device, out):
         allocs, launches = self.allocs, self.launches
-        run = triton.runtime.driver.active.get_current_stream
+        out_slot = next(n for n, b in enumerate(self.buffers) if b is out)
+        current_stream = triton.runtime.driver.active.get_current_stream
 
         def replay(*inputs):
-            bufs = list(inputs) + [torch.empty(s, device=device, dtype=d) for s, d in allocs]
-            stream = run(device.index)
+            stream = current_stream(device.index)
+            bufs = list(inputs) + [_ticket_buffer(device, stream, s) if ticket else torch.empty(s, device=device, dtype=d)
+                                   for ticket, s, d in allocs]
             for compiled, grid, slots, ints in launches:
                 _run(compiled, grid, stream, [bufs[i] for i in slots] + list(ints))
-            return bufs[-1]   # the output is the last allocation
+            return bufs[out_slot]
         return replay
 
 
 def _empty(rec, shape, dtype, device):
     return rec.empty(shape, dtype, device) if rec is not None else torch.empty(shape, device=device, dtype=dtype)
+
+
+_TICKETS = {}    # (device, stream) -> int32 counters, all zero between calls
+
+
+def _ticket_buffer(device, stream, count):
+    """Zeroed counters for a split kernel's tiles. Every kernel leaves them zero again (the last program of a
+    tile resets its ticket), so one buffer per stream serves every call without clearing; kernels on other
+    streams may run at the same time, so they get their own."""
+    t = _TICKETS.get((device, stream))
+    if t is None or t.numel() < count:
+        t = _TICKETS[(device, stream)] = torch.zeros(max(count, 1024), device=device, dtype=torch.int32)
+    return t
+
+
+def _tickets(rec, device, count):
+    stream = triton.runtime.driver.active.get_current_stream(device.index) if device.type == "cuda" else 0
+    t = _ticket_buffer(device, stream, count)
+    return rec.tickets(t, count) if rec is not None else t
 
 
 def _launch(rec, kernel, grid, args, cfg, constexprs):

@@ -68,19 +68,24 @@ def _pass_bounds(w: KernelWriter, p: int, reds: list[ir.Term]) -> list[str]:
     return [f"{x}  # pass {p}" if i == 0 else x for i, x in enumerate(lines)]
 
 
-def kernel_source(sched: Schedule, name: str, partials: list | None = None) -> tuple[str, KernelWriter]:
+def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, combine: KernelWriter | None = None,
+                  tile: bool = False) -> tuple[str, KernelWriter]:
     """The kernel of a schedule. With `partials` (a split plan's workspaces) it is the partial-results kernel:
-    program axis 2 picks a chunk of the loop axis, and the split reductions' states are stored, not the output."""
+    program axis 2 picks a chunk of the loop axis, and the split reductions' states are stored, not the output;
+    with `combine` (the combine step's writer, emitted with tile=True) the last chunk program of each tile to
+    finish also combines the tile's partials. With `tile` it is a function of (pid_row, pid_grid) that other
+    kernels call, rather than a kernel."""
     w = KernelWriter(sched, name)
     spec, loop, row = sched.spec, sched.loop, sched.row
     head: list[str] = []
-    if row:
+    if row and not tile:
         b = _bounds(w, sched.reductions) if loop else None
         if b is not None and b.work_grows:   # the longest rows first, so the last wave is short
             head += ["pid_row = tl.num_programs(0) - 1 - tl.program_id(0)"]
         else:
             head += ["pid_row = tl.program_id(0)"]
-    head += ["pid_grid = tl.program_id(1)"]
+    if not tile:
+        head += ["pid_grid = tl.program_id(1)"]
     rest = "pid_grid"
     for k, g in enumerate(reversed(sched.grid)):
         if k == len(sched.grid) - 1:
@@ -132,28 +137,53 @@ def kernel_source(sched: Schedule, name: str, partials: list | None = None) -> t
         body += ["__PRE%d__" % p] + w.blocks[f"init{p}"] + bounds + loop_lines
         done |= set(reds)
 
+    out_axes = {"out": spec.output_index or spec.output_axes}
     if partials:
         body += ["# this chunk's partial results"] + _store_partials(w, partials)
-        outs = [p.name for p in partials]
-        out_axes = {p.name: ("chunk",) + p.axes for p in partials}
+        out_axes = {**{p.name: ("chunk",) + p.axes for p in partials}, **(out_axes if combine else {})}
     else:
         body += _store_output(w, sched, done)
-        outs, out_axes = ["out"], {"out": spec.output_index or spec.output_axes}
     text = "\n".join(body)
     for p in range(sched.passes):
         text = text.replace("__PRE%d__" % p, "\n".join(w.blocks[f"pre{p}"]) or "pass")
     inputs = list(spec.inputs)
-    params = [f"{n}_ptr" for n in inputs] + [f"{n}_ptr" for n in outs]
+    params = [f"{n}_ptr" for n in inputs + list(out_axes)]
     for n in inputs:
         params += [f"{n}_s{k}" for k in range(len(spec.inputs[n].shape))]
-    for n in outs:
-        params += [f"{n}_s{k}" for k in range(len(out_axes[n]))]
+    for n, axes in out_axes.items():
+        params += [f"{n}_s{k}" for k in range(len(axes))]
     params += w.dims + (["chunk_len"] if partials else [])
     w.constexprs = [f"BLOCK_{a.upper()}" for a in (row, loop) if a]
+    if combine is not None:
+        params += [p for p in combine.params if p not in params] + ["tickets_ptr"]
+        w.constexprs += [f"COMBINE_{c}" for c in combine.constexprs] + ["COMBINE_IN_KERNEL"]
+        text += "\n" + "\n".join(_combine_in_kernel(w, combine))
+    w.params = params
     consts = [f"{c}: tl.constexpr" for c in w.constexprs]
     sig = ",\n    ".join([", ".join(params[i:i + 6]) for i in range(0, len(params), 6)] + consts)
     code = "\n".join(head + w.blocks["prologue"]) + "\n" + text
+    if tile:
+        return (f"@triton.jit\ndef {name}_tile(\n    pid_row, pid_grid,\n    {sig},\n):\n"
+                + textwrap.indent(code, "    ") + "\n"), w
     return f"@triton.jit\ndef {name}_kernel(\n    {sig},\n):\n" + textwrap.indent(code, "    ") + "\n", w
+
+
+def _combine_in_kernel(w: KernelWriter, cw: KernelWriter) -> list[str]:
+    """The tail of the partial-results kernel: the last of a tile's chunk programs to finish combines the tile.
+    Each program counts itself in on the tile's ticket (an atomic add, acquire-release at GPU scope, after a
+    barrier so every thread's partial stores come first); the one that sees all others arrived resets the
+    ticket for the next call and runs the combine over the tile's rows, in row blocks of the combine's size."""
+    rows = f"BLOCK_{w.row.upper()}" if w.row else "1"
+    sub = f"({rows} // COMBINE_BLOCK_{cw.row.upper()})" if cw.row else "1"
+    args = ", ".join(cw.params + [f"COMBINE_{c}" for c in cw.constexprs])
+    pid_row = "pid_row" if w.row else "0"
+    return ["if COMBINE_IN_KERNEL:",
+            "    tl.debug_barrier()",
+            f"    ticket = tickets_ptr + pid_grid * tl.num_programs(0) + {pid_row}",
+            f"    if tl.atomic_add(ticket, 1) == tl.num_programs(2) - 1:",
+            "        tl.store(ticket, 0)",
+            f"        for part in tl.static_range({sub}):",
+            f"            {cw.name}_tile({pid_row} * {sub} + part, pid_grid, {args})"]
 
 
 def _store_partials(w: KernelWriter, partials: list) -> list[str]:
@@ -243,7 +273,7 @@ def forward({args}, *, config=None):
 {dims}
 {launch}
     if rec is not None:
-        _REPLAYS[_signature({args})] = rec.replay(device)
+        _REPLAYS[_signature({args})] = rec.replay(device, out)
     return out
 '''
 
@@ -259,11 +289,26 @@ def _grid(w: KernelWriter, sched: Schedule, cfg: str) -> tuple[str, str]:
     return rows, " * ".join([w.ext(g) for g in sched.grid]) or "1"
 
 
-def _launch(name: str, w: KernelWriter, inputs: list[str], outs: list[str], grid: str, cfg: str,
-            extra: tuple[str, ...] = ()) -> list[str]:
-    call = [", ".join(inputs + outs)] + [f"*{n}.stride()" for n in inputs + outs] + list(w.dims) + list(extra)
-    blocks = ", ".join(f"{cfg}[{b!r}]" for b in w.constexprs) + ("," if len(w.constexprs) == 1 else "")
-    return [f"    _launch(rec, {name}_kernel, ({grid}), (", f"        {', '.join(call)},", f"    ), {cfg}, ({blocks}))"]
+def _call_args(params: list[str]) -> str:
+    """The launcher's argument list for a kernel's parameters: tensors for X_ptr, their strides, then sizes."""
+    args = []
+    for p in params:
+        stem, _, k = p.rpartition("_s")
+        if p.endswith("_ptr"):
+            args.append(p[:-4])
+        elif stem and k.isdigit():
+            if k == "0":
+                args.append(f"*{stem}.stride()")
+        else:
+            args.append(p)
+    return ", ".join(args)
+
+
+def _launch(w: KernelWriter, grid: str, cfg: str) -> list[str]:
+    blocks = [f"{cfg}[{b!r}]" for b in w.constexprs]
+    consts = ", ".join(blocks) + ("," if len(blocks) == 1 else "")
+    return [f"    _launch(rec, {w.name}_kernel, ({grid}), (", f"        {_call_args(w.params)},",
+            f"    ), {cfg}, ({consts}))"]
 
 
 def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.py", out_file: str = "OUT.py",
@@ -285,7 +330,7 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
     else:
         kernel, w = kernel_source(sched, name)
         kernels, dims_used = kernel, w.dims
-        launch = [out_alloc] + _launch(name, w, inputs, ["out"], ", ".join(_grid(w, sched, "cfg")), "cfg")
+        launch = [out_alloc] + _launch(w, ", ".join(_grid(w, sched, "cfg")), "cfg")
 
     def shape_code(shape) -> str:
         return "(" + "".join((repr(s) if isinstance(s, int) else repr(s.name)) + ", " for s in shape).strip() + ")"
@@ -315,16 +360,20 @@ def _runtime_source() -> str:
 
 
 def _split_parts(sched: Schedule, name: str, inputs: list[str], out_alloc: str, gpu: dict, cpu: dict):
-    """Kernels and launch code of a split plan: partial results per chunk, then the combine."""
+    """Kernels and launch code of a split plan: partial results per chunk, combined by the last chunk program
+    of each tile to finish (COMBINE["in_kernel"]), or by a second kernel."""
     comb = combine_plan(sched)
-    part_src, w = kernel_source(sched, name, comb.partials)
     cname = f"{name}_combine"
-    comb_src, cw = kernel_source(comb.sched, cname)
-    rows, chunks = f"BLOCK_{comb.sched.row.upper()}", f"BLOCK_{comb.chunk_axis.upper()}"
-    cgpu = {**COMBINE_GPU, rows: 4, chunks: 16}
-    ccpu = {**COMBINE_CPU, rows: 2, chunks: 4}
+    tile_src, cw = kernel_source(comb.sched, cname, tile=True)
+    part_src, w = kernel_source(sched, name, comb.partials, combine=cw)
+    wrapper = (f"@triton.jit\ndef {cname}_kernel(\n    {', '.join(cw.params)},\n    "
+               + ", ".join(f"{c}: tl.constexpr" for c in cw.constexprs) + ",\n):\n"
+               + f"    {cname}_tile(tl.program_id(0), tl.program_id(1), {', '.join(cw.params + cw.constexprs)})\n")
+    row, crow, chunks = f"BLOCK_{sched.row.upper()}", f"BLOCK_{comb.sched.row.upper()}", f"BLOCK_{comb.chunk_axis.upper()}"
+    cgpu = {"in_kernel": 1, **COMBINE_GPU, crow: 4, chunks: 16}
+    ccpu = {"in_kernel": 1, **COMBINE_CPU, crow: 2, chunks: 4}
     # few query rows: the smallest tile the matrix units take
-    gpu[f"BLOCK_{sched.row.upper()}"] = cpu[f"BLOCK_{sched.row.upper()}"] = 16
+    gpu[row] = cpu[row] = 16
     gpu.update(num_warps=4, CHUNKS=0, COMBINE=cgpu)
     cpu.update(CHUNKS=0, COMBINE=ccpu)
     rows, rest = _grid(w, sched, "cfg")
@@ -337,10 +386,14 @@ def _split_parts(sched: Schedule, name: str, inputs: list[str], out_alloc: str, 
     for p in comb.partials:
         shape = ", ".join([comb.chunk_dim] + [w.ext(a) for a in p.axes])
         launch.append(f"    {p.name} = _empty(rec, ({shape},), torch.float32, device)")
-    launch += _launch(name, w, inputs, [p.name for p in comb.partials], f"{rows}, {rest}, {comb.chunk_dim}",
-                      "kernel_cfg", ("chunk_len",))
-    launch += [out_alloc, "    combine_cfg = dict(cfg['COMBINE'])"]
+    launch += [out_alloc, "    combine_cfg = dict(cfg['COMBINE'])",
+               "    in_kernel = combine_cfg.pop('in_kernel', 1)",
+               f"    combine_cfg[{crow!r}] = min(combine_cfg[{crow!r}], cfg[{row!r}])   # whole row blocks of a tile",
+               f"    tickets = _tickets(rec, device, ({rows}) * ({rest}))",
+               "    kernel_cfg.update(COMBINE_IN_KERNEL=in_kernel, "
+               + ", ".join(f"COMBINE_{c}=combine_cfg[{c!r}]" for c in cw.constexprs) + ")"]
+    launch += _launch(w, f"{rows}, {rest}, {comb.chunk_dim}", "kernel_cfg")
     crows, crest = _grid(cw, comb.sched, "combine_cfg")
-    launch += _launch(cname, cw, list(comb.spec.inputs), ["out"], f"{crows}, {crest}", "combine_cfg")
+    launch += ["    if not in_kernel:"] + ["    " + x for x in _launch(cw, f"{crows}, {crest}", "combine_cfg")]
     dims = [d for d in dict.fromkeys(w.dims + cw.dims) if d != comb.chunk_dim]
-    return part_src + "\n\n" + comb_src, w, launch, dims
+    return tile_src + "\n\n" + wrapper + "\n\n" + part_src, w, launch, dims

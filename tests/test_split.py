@@ -69,6 +69,20 @@ def test_kv_shorter_than_one_chunk_and_more_chunks_than_blocks():
         assert (out.double() - ref).abs().max().item() <= tolerance("f16")
 
 
+
+@pytest.mark.parametrize("in_kernel", [1, 0])
+def test_the_combine_runs_in_the_partial_kernel_or_in_a_second_one(in_kernel):
+    """In one launch the last chunk program of each tile combines; its ticket is left zero for the next call
+    (a ticket left over would make a later call combine too early)."""
+    result, mod = compiled(str(SPECS / "gqa_dc.py"))
+    combine = {**mod.INTERPRETER_CONFIG["COMBINE"], "in_kernel": in_kernel}
+    for kv, seed in ((37, 1), (37, 2), (50, 3)):
+        inputs = random_inputs(result.spec, {"B": 2, "Q": 3, "SKV": kv}, seed=seed)
+        out = mod.forward(*inputs.values(), config={"CHUNKS": 3, "COMBINE": combine})
+        assert (out.double() - evaluate(result.spec, inputs)).abs().max().item() <= tolerance("f16")
+        assert all(int(t.abs().sum()) == 0 for t in mod._TICKETS.values())
+
+
 def _chunk_local(term: ir.Term, loop: str, lo: int, hi: int, memo: dict) -> ir.Term:
     """The term with every split reduction over `loop` restricted to keys lo <= j < hi (its chunk-local value)."""
     if term in memo:
