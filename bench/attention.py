@@ -483,6 +483,13 @@ def markdown(results):
             lines.append(f"| {key[1]} | {key[2]} | {key[3]} | " + " | ".join(cells) + " | "
                          + " | ".join(map(fmt_ratio, ratios(g))) + " |")
         lines.append("")
+        copy = dev.get("copy_gbs")
+        if mode == "decode" and copy:
+            longest = max(key[3] for key in keys)
+            shares = [f"{key[1]} B{key[2]} {metric(by_shape[key]['neptune']) / copy:.0%}" for key in keys
+                      if key[3] == longest and by_shape[key].get("neptune", {}).get("status") == "ok"]
+            lines += [f"Device copy bandwidth (1 GiB device to device, read + write): {copy:.0f} GB/s. "
+                      f"neptune at KV = {longest}: " + ", ".join(shares) + " of it.", ""]
     lines += ["## Geomean", ""]
     for mode, s in results["summary"].items():
         bc, cu = s["neptune_over_best_compiler"], s["neptune_over_cudnn"]
@@ -547,7 +554,19 @@ def device_info():
                                             timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         info["nvidia_smi"] = None
+    info["copy_gbs"] = copy_bandwidth()
     return info
+
+
+def copy_bandwidth(nbytes=1 << 30):
+    """Device-to-device copy of 1 GiB, GB/s of bytes read plus written: the ceiling decode runs against."""
+    import triton.testing
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    del src, dst
+    free("cuda")
+    return 2 * nbytes / ms / 1e6
 
 
 # ---------------------------------------------------------------- command line

@@ -5,6 +5,7 @@ decode kernels the chunk count) on the GPU.
                                   [--modules bench/generated]
 
 Prints, per op and length, the median time of every config and the best one. Imports only torch and triton.
+A call with a config replays its recorded launches like a plain call, so short kernels are timed, not Python.
 """
 import argparse
 import importlib.util
@@ -21,7 +22,7 @@ HEADS = {"global_pf": (32, 32), "causal_pf": (32, 32), "gqa_pf": (64, 8), "alibi
 PREFILL_GRID = [dict(BLOCK_I=bm, BLOCK_J=bn, num_warps=w, num_stages=s)
                 for bm, bn, w, s in itertools.product((128,), (64, 128), (4, 8), (2, 3))]
 DECODE_GRID = [dict(BLOCK_J=bn, num_warps=w, num_stages=s, CHUNKS=c)
-               for bn, w, s, c in itertools.product((64, 128, 256), (4, 8), (2, 3, 4), (0, 64, 128, 256))]
+               for bn, w, s, c in itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4, 5), (0, 66, 132, 264))]
 
 
 def load(path: Path):

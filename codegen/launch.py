@@ -47,22 +47,27 @@ class _Recording:
         return t
 
     def launched(self, compiled, grid, args, constexprs):
-        slots = tuple(next(n for n, b in enumerate(self.buffers) if b is a) for a in args
-                      if isinstance(a, torch.Tensor))
-        ints = tuple(a for a in args if not isinstance(a, torch.Tensor)) + tuple(constexprs)
-        self.launches.append((compiled, grid, slots, ints))
+        """Keep the launch as its argument list with the tensors' places and the buffers they come from."""
+        template = list(args) + list(constexprs)
+        tensors = tuple((pos, next(n for n, b in enumerate(self.buffers) if b is a))
+                        for pos, a in enumerate(args) if isinstance(a, torch.Tensor))
+        for pos, _ in tensors:
+            template[pos] = None
+        self.launches.append((compiled, grid, template, tensors))
 
     def replay(self, device, out):
         allocs, launches = self.allocs, self.launches
         out_slot = next(n for n, b in enumerate(self.buffers) if b is out)
-        current_stream = triton.runtime.driver.active.get_current_stream
 
         def replay(*inputs):
-            stream = current_stream(device.index)
+            stream = _current_stream(device)
             bufs = list(inputs) + [_ticket_buffer(device, stream, s) if ticket else torch.empty(s, device=device, dtype=d)
                                    for ticket, s, d in allocs]
-            for compiled, grid, slots, ints in launches:
-                _run(compiled, grid, stream, [bufs[i] for i in slots] + list(ints))
+            for compiled, grid, template, tensors in launches:
+                args = template.copy()
+                for pos, slot in tensors:
+                    args[pos] = bufs[slot]
+                _run(compiled, grid, stream, args)
             return bufs[out_slot]
         return replay
 
@@ -84,8 +89,12 @@ def _ticket_buffer(device, stream, count):
     return t
 
 
+def _current_stream(device):
+    return triton.runtime.driver.active.get_current_stream(device.index) if device.type == "cuda" else 0
+
+
 def _tickets(rec, device, count):
-    stream = triton.runtime.driver.active.get_current_stream(device.index) if device.type == "cuda" else 0
+    stream = _current_stream(device)
     t = _ticket_buffer(device, stream, count)
     return rec.tickets(t, count) if rec is not None else t
 

@@ -258,8 +258,9 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # read when the kerne
 {helpers}
 def forward({args}, *, config=None):
     """{doc}"""
-    if config is None and {first}.is_cuda:
-        replay = _REPLAYS.get(_signature({args}))
+    if {first}.is_cuda:   # a call like an earlier one (inputs' signature, config) replays its launches
+        key = _signature({args}) if config is None else (_signature({args}), repr(config))
+        replay = _REPLAYS.get(key)
         if replay is not None:
             return replay({args})
     sizes = {{}}
@@ -269,11 +270,11 @@ def forward({args}, *, config=None):
         raise RuntimeError("CPU tensors run under Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
     cfg = dict(INTERPRETER_CONFIG if device.type == "cpu" else CONFIG)
     cfg.update(config or {{}})
-    rec = _Recording(({args},)) if config is None and device.type == "cuda" and _replay_enabled() else None
+    rec = _Recording(({args},)) if device.type == "cuda" and _replay_enabled() else None
 {dims}
 {launch}
     if rec is not None:
-        _REPLAYS[_signature({args})] = rec.replay(device, out)
+        _REPLAYS[key] = rec.replay(device, out)
     return out
 '''
 

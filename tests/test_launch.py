@@ -1,0 +1,29 @@
+"""The generated launcher's record-and-replay (used on the GPU), exercised with a stand-in for the compiled
+kernel: replayed launches get the new call's tensors in their places, fresh workspaces, the same tickets."""
+import torch
+
+from neptune_eqsat.codegen import launch
+
+
+def test_replay_puts_each_calls_tensors_where_the_recorded_launch_had_them(monkeypatch):
+    calls = []
+    monkeypatch.setattr(launch, "_run", lambda compiled, grid, stream, args: calls.append((compiled, grid, args)))
+    monkeypatch.setattr(launch, "_TICKETS", {})
+    device = torch.device("cpu")
+    q, k = torch.randn(3), torch.randn(4)
+    rec = launch._Recording((q, k))
+    work = rec.empty((5,), torch.float32, device)
+    out = rec.empty((2,), torch.float16, device)
+    tickets = launch._tickets(rec, device, 7)
+    # tensors and integers interleaved, as a kernel with a pointer after its sizes takes them
+    rec.launched("kernel", (2, 1, 3), (q, work, 11, out, 12, tickets), (16,))
+    replay = rec.replay(device, out)
+
+    q2, k2 = torch.randn(3), torch.randn(4)
+    got = replay(q2, k2)
+    (compiled, grid, args), = calls
+    assert compiled == "kernel" and grid == (2, 1, 3)
+    assert args[0] is q2 and args[2] == 11 and args[4] == 12 and args[6] == 16
+    assert args[1].shape == (5,) and args[1] is not work          # a fresh workspace per call
+    assert args[3] is got and got.shape == (2,) and got.dtype == torch.float16
+    assert args[5] is tickets and tickets.numel() >= 7 and not tickets.any()   # one zeroed ticket buffer
