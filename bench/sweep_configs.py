@@ -20,7 +20,7 @@ HEADS = {"global_pf": (32, 32), "causal_pf": (32, 32), "gqa_pf": (64, 8), "alibi
          "softcap_pf": (32, 16), "window_pf": (32, 8), "causal_dc": (32, 32), "gqa_dc": (64, 8),
          "alibi_dc": (32, 32), "softcap_dc": (32, 16)}
 PREFILL_GRID = [dict(BLOCK_I=bm, BLOCK_J=bn, num_warps=w, num_stages=s)
-                for bm, bn, w, s in itertools.product((128,), (64, 128), (4, 8), (2, 3))]
+                for bm, bn, w, s in itertools.product((64, 128), (64, 128), (4, 8), (2, 3))]
 DECODE_GRID = [dict(BLOCK_J=bn, num_warps=w, num_stages=s, CHUNKS=c)
                for bn, w, s, c in itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4, 5), (0, 66, 132, 264))]
 

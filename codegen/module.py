@@ -177,13 +177,16 @@ def _combine_in_kernel(w: KernelWriter, cw: KernelWriter) -> list[str]:
     sub = f"({rows} // COMBINE_BLOCK_{cw.row.upper()})" if cw.row else "1"
     args = ", ".join(cw.params + [f"COMBINE_{c}" for c in cw.constexprs])
     pid_row = "pid_row" if w.row else "0"
+    call = [f"{cw.name}_tile({pid_row} * {sub} + part, pid_grid, {args})"]
+    if cw.row:   # row blocks past the last row (a tile of 16 rows holding 8) are skipped, not run masked
+        call = [f"if ({pid_row} * {sub} + part) * COMBINE_BLOCK_{cw.row.upper()} < {cw.ext(cw.row)}:",
+                "    " + call[0]]
     return ["if COMBINE_IN_KERNEL:",
             "    tl.debug_barrier()",
             f"    ticket = tickets_ptr + pid_grid * tl.num_programs(0) + {pid_row}",
             f"    if tl.atomic_add(ticket, 1) == tl.num_programs(2) - 1:",
             "        tl.store(ticket, 0)",
-            f"        for part in tl.static_range({sub}):",
-            f"            {cw.name}_tile({pid_row} * {sub} + part, pid_grid, {args})"]
+            f"        for part in tl.static_range({sub}):"] + ["            " + x for x in call]
 
 
 def _store_partials(w: KernelWriter, partials: list) -> list[str]:
@@ -373,8 +376,9 @@ def _split_parts(sched: Schedule, name: str, inputs: list[str], out_alloc: str, 
     row, crow, chunks = f"BLOCK_{sched.row.upper()}", f"BLOCK_{comb.sched.row.upper()}", f"BLOCK_{comb.chunk_axis.upper()}"
     cgpu = {"in_kernel": 1, **COMBINE_GPU, crow: 4, chunks: 16}
     ccpu = {"in_kernel": 1, **COMBINE_CPU, crow: 2, chunks: 4}
-    # few query rows: the smallest tile the matrix units take
+    # few query rows: the smallest tile the matrix units take; short key blocks (best in a sweep on an H100)
     gpu[row] = cpu[row] = 16
+    gpu[f"BLOCK_{sched.loop.upper()}"] = 64
     gpu.update(num_warps=4, CHUNKS=0, COMBINE=cgpu)
     cpu.update(CHUNKS=0, COMBINE=ccpu)
     rows, rest = _grid(w, sched, "cfg")

@@ -20,6 +20,21 @@ def _sizes(text: str | None) -> dict[str, int]:
     return out
 
 
+DEVICE_HELP = ("Device to price plans for and whose measured plan times to use (tuning database, "
+               "NEPTUNE_EQSAT_TUNING_DB): h100, h200, a GPU name from a device profile (e.g. \"NVIDIA H100 80GB "
+               "HBM3\"), and/or FIELD=VALUE (sms, bandwidth, ...; name=GPU to read that GPU's measurements); "
+               "default: the GPU here, else h100.")
+
+
+def _device(text: str | None):
+    from .cost import parse_device
+
+    try:
+        return parse_device(text) if text else None
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--device") from e
+
+
 @click.group()
 def main() -> None:
     """Equality-saturation superoptimizer for chains of reductions (attention, softmax, norms)."""
@@ -32,24 +47,19 @@ def main() -> None:
 @click.option("--shape", default=None, help="Sizes used to price plans, e.g. B=1,S=16384 (defaults: the spec's).")
 @click.option("--max-nodes", default=20_000, show_default=True, help="E-graph node limit.")
 @click.option("--max-seconds", default=20.0, show_default=True, help="Saturation time limit.")
-@click.option("--device", "device_text", default=None,
-              help="Device the cost model prices for: h100, h200 and/or FIELD=VALUE (sms, bandwidth, ...); "
-                   "default: the GPU here, else a nominal H100.")
+@click.option("--device", "device_text", default=None, help=DEVICE_HELP)
+@click.option("--plan", default=None, help="Generate this plan family (rolled, unfused, split, ...+packed) instead "
+                                           "of the best, e.g. to time it with tune.")
 def optimize(spec_file: str, output: str | None, explain: bool, shape: str | None, max_nodes: int,
-             max_seconds: float, device_text: str | None) -> None:
+             max_seconds: float, device_text: str | None, plan: str | None) -> None:
     """Optimize SPEC_FILE and write the fused kernel module."""
-    from .compiler import optimize as run
-    from .cost import parse_device
+    from .compiler import PlanError, optimize as run
     from .saturate import Limits
 
     try:
-        device = parse_device(device_text) if device_text else None
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--device") from e
-    try:
-        result = run(spec_file, sizes=_sizes(shape), limits=Limits(max_nodes, max_seconds), device=device,
-                     out_file=output or "OUT.py")
-    except SpecError as e:
+        result = run(spec_file, sizes=_sizes(shape), limits=Limits(max_nodes, max_seconds),
+                     device=_device(device_text), out_file=output or "OUT.py", plan=plan)
+    except (SpecError, PlanError) as e:
         raise click.ClickException(str(e)) from e
     if explain:
         click.echo(result.explain())
@@ -68,29 +78,45 @@ def optimize(spec_file: str, output: str | None, explain: bool, shape: str | Non
 @click.option("--shape", required=True, help="Sizes to tune at, e.g. B=1,S=4096 (stored per power-of-two bucket).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the module with the tuned config.")
 @click.option("--budget", default=60.0, show_default=True, help="Seconds of measuring at most.")
-def tune(spec_file: str, shape: str, output: str | None, budget: float) -> None:
-    """Measure SPEC_FILE's kernel tunables on this GPU, store the best in the tuning database, and (with -o)
-    write the module with it. Later `optimize` runs on this GPU use the stored config."""
+@click.option("--plan", default=None, help="Tune this plan family instead of the best one.")
+def tune(spec_file: str, shape: str, output: str | None, budget: float, plan: str | None) -> None:
+    """Measure SPEC_FILE's kernel tunables on this GPU, store the best config and time of its plan family in the
+    tuning database, and (with -o) write the module with it. Later `optimize` runs for this GPU rank plans by
+    the stored times and use the stored config."""
     if not _has_gpu():
         raise click.ClickException("tuning measures kernels on a GPU, and this machine has none")
-    from .compiler import optimize as run
+    from .compiler import PlanError, optimize as run
     from .runtime import load_module
     from .tune import db_path, random_inputs_for, tune_module
 
     sizes = _sizes(shape)
     try:
-        result = run(spec_file, sizes=sizes)
-    except SpecError as e:
+        result = run(spec_file, sizes=sizes, plan=plan)
+    except (SpecError, PlanError) as e:
         raise click.ClickException(str(e)) from e
     mod = load_module(result.source, result.spec.name)
     key, tuned = tune_module(mod, result.spec.name, {**result.spec.typical, **sizes},
                              random_inputs_for(mod, {**result.spec.typical, **sizes}), budget)
-    click.echo(f"{key}: best {tuned.best_ms:.4f} ms with {tuned.best}; default {tuned.default_ms:.4f} ms "
-               f"({len(tuned.tried)} configs, {tuned.stopped}); stored in {db_path()}")
-    if output:
-        result = run(spec_file, sizes=sizes, out_file=output)
+    click.echo(f"{key} [{result.chosen.family} plan]: best {tuned.best_ms:.4f} ms with {tuned.best}; default "
+               f"{tuned.default_ms:.4f} ms ({len(tuned.tried)} configs, {tuned.stopped}); stored in {db_path()}")
+    if output:   # the plan just tuned, even if its measured time now ranks another plan first
+        result = run(spec_file, sizes=sizes, out_file=output, plan=result.chosen.family)
         Path(output).write_text(result.source)
         click.echo(f"wrote {output}")
+
+
+@main.command()
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Devices file to write (default: NEPTUNE_EQSAT_DEVICES, else devices.json beside the tuning "
+                   "database).")
+def calibrate(out: str | None) -> None:
+    """Measure the cost model's constants on this GPU (bandwidth, matrix, vector and transcendental rates, launch
+    overhead) and store them as its device profile, which pricing then uses for this GPU."""
+    if not _has_gpu():
+        raise click.ClickException("calibration measures the GPU, and this machine has none")
+    from .calibrate import calibrate as run
+
+    click.echo(run(out))
 
 
 @main.command()

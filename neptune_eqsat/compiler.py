@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import ir
@@ -10,6 +10,11 @@ from .cost import Device
 from .extract import Candidate, candidates
 from .saturate import Limits, Saturation, saturate
 from .spec import Spec, SpecError, load_spec
+from .tune import config_for, db_path, key_prefix, measured_plans, plan_times
+
+
+class PlanError(ValueError):
+    """A plan family was asked for (--plan) that extraction did not produce."""
 
 
 @dataclass
@@ -19,6 +24,10 @@ class Result:
     candidates: list[Candidate]
     source: str
     tuned: dict | None = None   # a measured config from the tuning database, baked into the module
+    device: Device = field(default_factory=Device)
+    measured: dict[str, dict] = field(default_factory=dict)   # family -> tuning-database record (tune.py)
+    measured_under: str = ""   # the tuning-database key prefix (spec|shape bucket|GPU|) measurements came from
+    forced: str | None = None   # the plan family asked for with --plan
 
     @property
     def chosen(self) -> Candidate:
@@ -43,10 +52,20 @@ class Result:
         if refused:
             lines.append("rolling-update rewrites refused (never fire):")
             lines += [f"  {r.name}: {r.proof[0]}" for r in refused]
-        lines.append("candidate plans (analytic cost):")
+        lines.append(f"device: {self.device.name} ({self.device.source})")
+        times = ", ".join(f"{f} {t * 1e6:.1f} us" for f, t in sorted(plan_times(self.measured).items(),
+                                                                        key=lambda ft: ft[1]))
+        lines.append(f"measured plan times (tuning database {db_path()}, entries {self.measured_under}*): "
+                     f"{times or 'none'}")
+        lines.append("candidate plans (cost: measured on the GPU where the tuning database has the plan, else "
+                     "analytic):")
         for k, c in enumerate(self.candidates):
             mark = "*" if k == 0 else " "
-            lines.append(f" {mark} {c.family:13s} {c.cost.summary()}")
+            if c.measured is None:
+                lines.append(f" {mark} {c.family:13s} analytic {c.cost.summary()}")
+            else:
+                lines.append(f" {mark} {c.family:13s} measured {c.measured * 1e6:9.1f} us  (analytic estimate "
+                             f"{c.cost.summary().strip()})")
             lines += [f"      {note}" for note in c.cost.notes]
             passes = [", ".join({"roll": "roll_", "split": "split_"}.get(r.op, "") + r.attrs[0]
                                 for r in c.sched.in_pass(p))
@@ -65,7 +84,31 @@ class Result:
             lines.append(f"tunables measured on this GPU (tuning database): {self.tuned}")
         lines.append(f"chosen: {c.family} ({c.sched.passes} pass{'es' if c.sched.passes != 1 else ''} over "
                      f"{c.sched.loop}; rows {c.sched.row}, columns {c.sched.col}, programs over {list(c.sched.grid)})")
+        lines.append(f"why: {self.why()}")
         return "\n".join(lines)
+
+    def why(self) -> str:
+        """Which cost won the ranking, and whether it was a measurement or an estimate."""
+        chosen, others = self.chosen, self.candidates[1:]
+
+        def priced(c: Candidate) -> str:
+            return f"{c.family} {c.basis} {c.seconds * 1e6:.1f} us"
+        if self.forced:
+            ranked_first = min(self.candidates, key=Candidate.rank)
+            return f"forced with --plan {self.forced} ({priced(chosen)}; the ranking's best: {priced(ranked_first)})"
+        if not others:
+            return "the only plan extracted"
+        runner = min(others, key=Candidate.rank)
+        text = f"{priced(chosen)} against {priced(runner)}, the next best"
+        if chosen.basis == runner.basis == "measured":
+            return text + ": both measured on the GPU"
+        if chosen.basis == runner.basis:
+            margin = " (a +packed plan must win by the layout margin)" if "+packed" in chosen.family + runner.family \
+                else ""
+            return text + f": analytic estimates{margin}, no measurements of either plan for this GPU and shape"
+        unmeasured = [c.family for c in self.candidates if c.measured is None]
+        return (text + ": a measurement against an estimate, compared as they are (an estimate can be off "
+                f"either way); to settle it, time {', '.join(unmeasured)} too (optimize --plan, then tune)")
 
 
 def module_name(spec: Spec) -> str:
@@ -73,7 +116,10 @@ def module_name(spec: Spec) -> str:
 
 
 def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, device: Device | None = None,
-             limits: Limits | None = None, spec_file: str | None = None, out_file: str | None = None) -> Result:
+             limits: Limits | None = None, spec_file: str | None = None, out_file: str | None = None,
+             plan: str | None = None) -> Result:
+    """Compile a spec. Plans are ranked by the times measured on `device` (the tuning database, under its GPU
+    name) where there are any, else by the analytic cost; `plan` forces a family (PlanError if none)."""
     from .codegen.module import module_source
 
     if not isinstance(spec, Spec):
@@ -82,13 +128,25 @@ def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, devic
     sizes = {**spec.typical, **(sizes or {})}
     device = device or Device.detect()
     sat = saturate(spec.output_term, limits)
-    cands = candidates(sat, spec, sizes, device)
+    measured = measured_plans(spec.name, sizes, device.name)
+    cands = candidates(sat, spec, sizes, device, plan_times(measured))
     if not cands:
         raise SpecError(f"spec {spec.name}: no plan could be extracted")
+    if plan is not None:
+        cands = _force(cands, plan, spec.name)
     best = cands[0]
-    plan = "\n".join([f"{best.family}: {best.sched.passes} pass(es) over {best.sched.loop}"] +
-                      ir.show_lets(best.term))
-    from .tune import stored_config
-    tuned = stored_config(spec.name, sizes, device.name)
-    src = module_source(best.sched, module_name(spec), plan, spec_file or "SPEC.py", out_file or "OUT.py", tuned)
-    return Result(spec, sat, cands, src, tuned)
+    plan_text = "\n".join([f"{best.family}: {best.sched.passes} pass(es) over {best.sched.loop}"] +
+                           ir.show_lets(best.term))
+    tuned = config_for(measured, best.family)
+    src = module_source(best.sched, module_name(spec), plan_text, spec_file or "SPEC.py", out_file or "OUT.py",
+                        tuned)
+    return Result(spec, sat, cands, src, tuned, device, measured, key_prefix(spec.name, sizes, device.name), plan)
+
+
+def _force(cands: list[Candidate], family: str, spec_name: str) -> list[Candidate]:
+    """The candidates with `family` first (the others stay listed, for --explain)."""
+    forced = [c for c in cands if c.family == family]
+    if not forced:
+        raise PlanError(f"spec {spec_name} has no {family!r} plan; the plans extracted are: "
+                        f"{', '.join(c.family for c in cands)}")
+    return forced + [c for c in cands if c.family != family]

@@ -4,14 +4,16 @@ A scheduled term is priced per program and pass: every distinct value computed i
 values once, as the kernel computes them once) is charged per block of the loop axis, loads by their bytes,
 in-tile matrix products by their flops, other operations by their element count (transcendentals on their
 own unit). The totals over all programs are turned into time with a roofline of the device, divided by how
-well the programs fill the device's SMs.
+well the programs fill the device's SMs. The device's constants come from its profile (`profiles.py`:
+measured by `neptune-eqsat calibrate`, or nominal) or from the nominal presets.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from . import ir
+from . import ir, profiles
 from .ir import Term
 from .schedule import Schedule
 
@@ -28,43 +30,92 @@ class Device:
     vector_ops: float = 60e12      # fp32 ops / s
     special_ops: float = 4e12      # transcendental ops / s
     launch_seconds: float = 4e-6
+    source: str = field(default="nominal preset", compare=False)   # where the numbers come from, for --explain
+
+    @staticmethod
+    def from_profile(gpu: str, profile: dict) -> "Device":
+        origin = profile.get("origin", "")
+        where = "shipped with the package" if origin == "shipped" else f"from {origin}" if origin else ""
+        kind = "measured" if profile.get("measured") else "nominal"
+        numbers = {f: _number(f, profile[f]) for f in profiles.FIELDS if f in profile}
+        return Device(name=gpu, **numbers, source=f"{kind} profile {where}".strip())
 
     @staticmethod
     def detect() -> "Device":
+        """The GPU here, priced by its profile when one exists, else by nominal numbers with its SM count;
+        without a GPU, the h100 preset."""
         try:
             import torch
-            if torch.cuda.is_available():
-                p = torch.cuda.get_device_properties(0)
-                return Device(name=p.name, sms=p.multi_processor_count)
-        except Exception:  # no GPU here: the nominal device
-            pass
-        return Device()
+            gpu = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
+        except Exception:  # no usable GPU here
+            gpu = None
+        if gpu is None:
+            return PRESETS["h100"]
+        found = profiles.find(gpu.name)
+        if found is not None:
+            return Device.from_profile(*found)
+        return Device(name=gpu.name, sms=gpu.multi_processor_count, source="nominal numbers, this GPU's SM count")
 
 
-PRESETS = {
+def _number(field_name: str, value) -> int | float:
+    return int(value) if field_name == "sms" else float(value)
+
+
+NOMINAL = {
     "h100": Device(),
     "h200": Device(name="H200 (nominal)", bandwidth=4.3e12),
 }
 
 
+class _Presets(Mapping):
+    """Devices by name: a GPU name or alias in the device profiles (the user's file, then the shipped one), else
+    a nominal preset. The files are read at each lookup, so a new calibration counts at once."""
+
+    def __getitem__(self, name: str) -> Device:
+        found = profiles.find(name)
+        return Device.from_profile(*found) if found else NOMINAL[name.strip().lower()]
+
+    def __iter__(self):
+        known = profiles.all_profiles()
+        names = [*NOMINAL, *(a for p in known.values() for a in p.get("aliases", [])), *known]
+        return iter(dict.fromkeys(names))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+PRESETS = _Presets()
+
+
 def parse_device(text: str) -> Device:
-    """A preset name (h100, h200) and/or field overrides: "h200", "sms=66", "h100,sms=114,bandwidth=2e12"."""
+    """A device name and/or field overrides: "h200", "NVIDIA H100 80GB HBM3", "sms=66", "h100,sms=114".
+
+    A name is one of PRESETS; without one, the h100 preset. Measured plan times and configs (the tuning
+    database) are read under the device's name, so overriding a number makes a hypothetical device with no
+    measurements of its own, unless `name=GPU NAME` says whose measurements to read."""
     from dataclasses import fields, replace
-    dev, names = Device(), {f.name: f.type for f in fields(Device)}
+    numeric = [f.name for f in fields(Device) if f.name not in ("name", "source")]
+    base, overrides = None, {}
     for part in filter(None, (x.strip() for x in text.split(","))):
-        key, eq, value = part.partition("=")
+        key, eq, value = (x.strip() for x in part.partition("="))
         if not eq:
-            if key.lower() not in PRESETS:
+            if key not in PRESETS:
                 raise ValueError(f"unknown device {key!r}: one of {', '.join(PRESETS)} or FIELD=VALUE")
-            dev = PRESETS[key.lower()]
-        elif key in names and key != "name":
+            base = PRESETS[key]
+        elif key == "name":
+            overrides["name"] = value
+        elif key in numeric:
             try:
-                dev = replace(dev, **{key: int(value) if key == "sms" else float(value)})
+                overrides[key] = _number(key, value)
             except ValueError:
                 raise ValueError(f"device field {key}: {value!r} is not a number") from None
         else:
-            raise ValueError(f"unknown device field {key!r}: one of {', '.join(n for n in names if n != 'name')}")
-    return dev
+            raise ValueError(f"unknown device field {key!r}: one of {', '.join(numeric + ['name'])}")
+    dev = base or PRESETS["h100"]
+    changed = ", ".join(f"{k}={v}" for k, v in overrides.items() if k != "name")
+    if not changed:
+        return replace(dev, **overrides)
+    return replace(dev, **{"name": f"{dev.name} ({changed})", **overrides}, source=f"{dev.source}, with {changed}")
 
 
 @dataclass
@@ -81,7 +132,7 @@ class PlanCost:
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        split = f" chunks={self.chunks} launches={self.launches}" if self.launches > 1 else ""
+        split = f" chunks={self.chunks}" if self.chunks > 1 else ""
         return (f"{self.seconds * 1e6:9.1f} us  passes={self.passes} programs={self.programs}{split} "
                 f"bytes={self.bytes / 1e6:.1f}MB mma={self.matrix_flops / 1e9:.1f}GF "
                 f"vector={self.vector_ops / 1e9:.2f}G special={self.special_ops / 1e9:.2f}G")
@@ -168,11 +219,11 @@ def plan_cost(sched: Schedule, sizes: dict[str, int], device: Device | None = No
     memory = tot["bytes"] / device.bandwidth
     waves = math.ceil(programs / device.sms)
     fill = programs / (waves * device.sms)
-    launches = 2 if sched.split else 1
+    launches = 1   # a split plan's partials are combined in the same launch, by each tile's last chunk program
     seconds = max(compute, memory) / fill + launches * device.launch_seconds
     notes = [f"{programs} programs on {device.sms} SMs: {fill:.0%} filled"]
     if sched.split:
-        notes.append(f"{sched.loop} split into {chunks} chunks (partials combined by a second kernel)")
+        notes.append(f"{sched.loop} split into {chunks} chunks (partials combined by each tile's last chunk program)")
     return PlanCost(seconds, tot["bytes"], tot["mma"], tot["vec"], tot["sfu"], sched.passes, programs, launches,
                     chunks, notes)
 

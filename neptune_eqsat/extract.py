@@ -7,6 +7,13 @@ same axis share passes, so one extraction is made per plan family:
   rolled   -- a reduction that would wait is priced as an extra pass, so rolled forms win where they exist
   split    -- every reduction over a long axis is split into chunks (split-K); rolled within each chunk
 Each extracted term is scheduled and priced by `cost.plan_cost`; the cheapest plan is chosen.
+
+Measured times replace estimates: where the tuning database holds a time measured on the GPU for a candidate's
+family (at this spec, shape bucket and GPU), the candidates are ranked by it instead of by the analytic cost.
+Candidates of one spec may then be ranked partly by measurements, partly by estimates, compared as they are,
+though an estimate can be off either way (a roofline without latencies or pipeline bubbles, a fill factor that
+takes bandwidth to grow with the busy SMs): an unmeasured plan can win or lose on paper against a measured one.
+Measuring that plan too settles it.
 """
 from __future__ import annotations
 
@@ -35,6 +42,21 @@ class Candidate:
     term: Term
     sched: Schedule
     cost: PlanCost
+    measured: float | None = None   # seconds measured on the GPU (tuning database), when this family was timed
+
+    @property
+    def basis(self) -> str:
+        return "analytic" if self.measured is None else "measured"
+
+    @property
+    def seconds(self) -> float:
+        return self.cost.seconds if self.measured is None else self.measured
+
+    def rank(self) -> float:
+        if self.measured is not None:
+            return self.measured
+        # a layout change must win by a margin on paper: the model does not see what gathered rows cost
+        return self.cost.seconds * (LAYOUT_MARGIN if "+packed" in self.family else 1.0)
 
 
 def _axes(eg: EGraph, table, expr) -> set[str]:
@@ -84,7 +106,9 @@ def node_cost(family: str, weight, load_axes, long_axes: set[str]):
     return cost
 
 
-def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device) -> list[Candidate]:
+def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device,
+               measured: dict[str, float] | None = None) -> list[Candidate]:
+    """The plans, best first; `measured`: family -> seconds measured for this spec and shape on `device`."""
     def weight(axes: set[str]) -> float:
         w = 1.0
         for a in axes:
@@ -116,6 +140,7 @@ def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device) -> li
             psched = schedule(*packed)
             psizes = {**sizes, **{d: g * sizes[base] for d, (g, base) in packed[0].derived.items()}}
             out.append(Candidate(kind + "+packed", packed[1], psched, plan_cost(psched, psizes, device)))
-    # a layout change must win by a margin: the model does not see what gathered rows cost
-    out.sort(key=lambda cand: cand.cost.seconds * (LAYOUT_MARGIN if "+packed" in cand.family else 1.0))
+    for cand in out:
+        cand.measured = (measured or {}).get(cand.family)
+    out.sort(key=Candidate.rank)
     return out

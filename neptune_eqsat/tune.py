@@ -4,15 +4,17 @@ A generated module exposes CONFIG (block sizes, warps, stages and, for split pla
 times a grid around it on the GPU (warm-up, then the median of repeated runs), within a time budget, and
 returns the fastest. Results are kept in a JSON database keyed by spec, shape bucket (each size rounded up to
 a power of two), GPU name and Triton version; writes merge under a file lock and replace the file atomically,
-so several processes may tune at once. `neptune-eqsat optimize` bakes a stored result into the module's
-CONFIG. Needs torch and triton only (no compiler), so it can run where the kernels run:
+so several processes may tune at once. An entry holds one record per plan family (the family the module's PLAN
+names: rolled, unfused, split, ...), its best config and measured seconds, so the plans of one spec can be
+timed one after another (`neptune-eqsat optimize --plan FAMILY`) and compared. `neptune-eqsat optimize` ranks
+plans by these measured times where it has them, and bakes the chosen family's config into the module's CONFIG.
+Needs torch and triton only (no compiler), so it can run where the kernels run:
 
     python -m neptune_eqsat.tune KERNEL.py --spec causal_pf --shape B=1,S=4096
 """
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import sys
@@ -20,7 +22,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import jsonfile
+
 BUDGET_SECONDS = 60.0
+UNKNOWN_FAMILY = "unknown"
 
 
 def db_path() -> Path:
@@ -32,33 +37,85 @@ def bucket(sizes: dict[str, int]) -> str:
     return ",".join(f"{k}={1 << max(0, (int(v) - 1).bit_length())}" for k, v in sorted(sizes.items()))
 
 
+def key_prefix(spec_name: str, sizes: dict[str, int], gpu: str) -> str:
+    """The start shared by the database keys of this spec, shape bucket and GPU (any Triton version)."""
+    return f"{spec_name}|{bucket(sizes)}|{gpu}|"
+
+
 def db_key(spec_name: str, sizes: dict[str, int], gpu: str, triton_version: str) -> str:
-    return f"{spec_name}|{bucket(sizes)}|{gpu}|triton {triton_version}"
+    return f"{key_prefix(spec_name, sizes, gpu)}triton {triton_version}"
 
 
 def load_db(path: Path | None = None) -> dict:
-    path = path or db_path()
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
+    return jsonfile.read(path or db_path())
 
 
 def store(key: str, entry: dict, path: Path | None = None) -> None:
-    """Merge one entry into the database: under an exclusive lock, written to a temporary file and renamed."""
-    path = path or db_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
-        try:
-            import fcntl
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        except ImportError:   # no POSIX locks: the rename still keeps the file whole
-            pass
-        db = load_db(path)
-        db[key] = entry
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(db, indent=1, sort_keys=True))
-        tmp.replace(path)
+    """Set one whole entry (merged with other writers' entries under the file's lock)."""
+    jsonfile.update(path or db_path(), lambda db: db.__setitem__(key, entry))
+
+
+def store_plan(key: str, family: str, record: dict, path: Path | None = None) -> None:
+    """Set the record of one plan family in an entry, keeping the entry's other families (and an old entry's
+    family-less config)."""
+    jsonfile.update(path or db_path(), lambda db: db.setdefault(key, {}).setdefault("plans", {}).__setitem__(
+        family, record))
+
+
+def plan_family(plan: str) -> str:
+    """The family a generated module's PLAN names: 'split+packed: 1 pass(es) over j ...' -> 'split+packed'."""
+    family, colon, _ = plan.partition(":")
+    return family.strip() if colon and family.strip() else UNKNOWN_FAMILY
+
+
+def entry_plans(entry: dict) -> dict[str, dict]:
+    """family -> record ({"config", "seconds", ...}). An entry written before families were recorded holds one
+    config of unknown family: its config is still used, its time is never compared with a plan's."""
+    plans = dict(entry.get("plans", {}))
+    if "config" in entry:
+        plans.setdefault(UNKNOWN_FAMILY, {"config": entry["config"], "seconds": entry.get("ms", math.nan) / 1e3})
+    return plans
+
+
+def _triton_version(key: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else 0 for p in key.rpartition("triton ")[2].split("."))
+
+
+def measured_plans(spec_name: str, sizes: dict[str, int], gpu: str, path: Path | None = None) -> dict[str, dict]:
+    """family -> record measured for this spec, shape bucket and GPU; each family's record comes from the entry
+    of the Triton version here, else from the newest other version. Each record also names its database key."""
+    import triton
+    prefix = key_prefix(spec_name, sizes, gpu)
+    here = db_key(spec_name, sizes, gpu, triton.__version__)
+    entries = sorted(((k, v) for k, v in load_db(path).items() if k.startswith(prefix)),
+                     key=lambda kv: (kv[0] == here, _triton_version(kv[0])))
+    out: dict[str, dict] = {}
+    for key, entry in entries:   # the preferred entries come last and override
+        out.update({family: {**record, "key": key} for family, record in entry_plans(entry).items()})
+    return out
+
+
+def plan_times(plans: dict[str, dict]) -> dict[str, float]:
+    """family -> measured seconds, from measured_plans: the times extraction may rank plans by."""
+    return {f: r["seconds"] for f, r in plans.items()
+            if f != UNKNOWN_FAMILY and math.isfinite(r.get("seconds", math.nan))}
+
+
+def config_for(plans: dict[str, dict], family: str | None) -> dict | None:
+    """From measured_plans: the config of `family` (the plan that will be generated), else a config of unknown
+    family from an old entry. Without a family: the config of the plan measured fastest, as the measured ranking
+    would choose it."""
+    if family is None:
+        times = plan_times(plans)
+        record = plans[min(times, key=times.get)] if times else plans.get(UNKNOWN_FAMILY)
+    else:
+        record = plans.get(family) or plans.get(UNKNOWN_FAMILY)
+    return record["config"] if record else None
+
+
+def stored_config(spec_name: str, sizes: dict[str, int], gpu: str, family: str | None = None) -> dict | None:
+    """The best measured config for this spec, shape bucket and GPU, of `family` (see config_for)."""
+    return config_for(measured_plans(spec_name, sizes, gpu), family)
 
 
 def candidates(config: dict) -> list[dict]:
@@ -122,7 +179,8 @@ def tune(forward, inputs: list, config: dict, budget: float = BUDGET_SECONDS, me
 
 def tune_module(module, spec_name: str, sizes: dict[str, int], inputs: list, budget: float = BUDGET_SECONDS,
                 measure=measure_gpu, gpu: str | None = None, progress=sys.stderr) -> tuple[str, Tuned]:
-    """Tune a loaded generated module on `inputs` and store the result; returns (database key, result)."""
+    """Tune a loaded generated module on `inputs` and store the result under the module's plan family; returns
+    (database key, result)."""
     import triton
     if gpu is None:
         import torch
@@ -130,21 +188,10 @@ def tune_module(module, spec_name: str, sizes: dict[str, int], inputs: list, bud
     result = tune(module.forward, inputs, dict(module.CONFIG), budget, measure, progress)
     key = db_key(spec_name, sizes, gpu, triton.__version__)
     if math.isfinite(result.best_ms):
-        store(key, {"config": result.best, "ms": result.best_ms, "default_ms": result.default_ms,
-                    "configs_tried": len(result.tried), "stopped": result.stopped})
+        store_plan(key, plan_family(getattr(module, "PLAN", "")),
+                   {"config": result.best, "seconds": result.best_ms / 1e3, "default_seconds": result.default_ms / 1e3,
+                    "shape": dict(sizes), "configs_tried": len(result.tried), "stopped": result.stopped})
     return key, result
-
-
-def stored_config(spec_name: str, sizes: dict[str, int], gpu: str) -> dict | None:
-    """The best measured config for this spec, shape bucket and GPU (any Triton version: newest entry)."""
-    import triton
-    db = load_db()
-    exact = db.get(db_key(spec_name, sizes, gpu, triton.__version__))
-    if exact:
-        return exact["config"]
-    prefix = f"{spec_name}|{bucket(sizes)}|{gpu}|"
-    hits = [v for k, v in sorted(db.items()) if k.startswith(prefix)]
-    return hits[-1]["config"] if hits else None
 
 
 def _main(argv=None) -> None:
@@ -163,7 +210,8 @@ def _main(argv=None) -> None:
     spec.loader.exec_module(mod)
     inputs = random_inputs_for(mod, sizes)
     key, result = tune_module(mod, args.spec, sizes, inputs, args.budget)
-    print(f"{key}: best {result.best_ms:.4f} ms {result.best} (default {result.default_ms:.4f} ms; "
+    family = plan_family(getattr(mod, "PLAN", ""))
+    print(f"{key} [{family} plan]: best {result.best_ms:.4f} ms {result.best} (default {result.default_ms:.4f} ms; "
           f"{len(result.tried)} configs, {result.stopped})")
 
 

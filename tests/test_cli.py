@@ -69,3 +69,40 @@ def test_optimize_device_option_prices_for_the_named_device(tmp_path):
     assert "on 8 SMs" in res.output and "chosen: rolled" in res.output
     res = CliRunner().invoke(main, ["optimize", str(SPECS / "causal_dc.py"), "--device", "h300"])
     assert res.exit_code != 0 and "unknown device 'h300'" in res.output
+
+
+def test_optimize_plan_forces_a_family_and_names_the_others_when_absent(tmp_path):
+    out = tmp_path / "softmax_unfused.py"
+    res = CliRunner().invoke(main, ["optimize", str(SPECS / "softmax.py"), "--plan", "unfused", "-o", str(out),
+                                    "--explain"])
+    assert res.exit_code == 0, res.output
+    assert "chosen: unfused" in res.output and "why: forced with --plan unfused" in res.output
+    assert "the ranking's best: rolled analytic" in res.output
+    assert "PLAN = 'unfused: 2 pass(es) over j" in out.read_text()
+    res = CliRunner().invoke(main, ["optimize", str(SPECS / "softmax.py"), "--plan", "split"])
+    assert res.exit_code != 0
+    assert "spec softmax has no 'split' plan; the plans extracted are: rolled, unfused" in res.output
+
+
+def test_optimize_reads_the_measurements_of_the_named_gpu(tmp_path, monkeypatch):
+    """On a machine without the GPU: --device names the GPU (its profile and its measurements), the environment
+    names the tuning database."""
+    import triton
+
+    from neptune_eqsat import tune
+
+    monkeypatch.setenv("NEPTUNE_EQSAT_TUNING_DB", str(tmp_path / "tuning.json"))
+    gpu, shape = "NVIDIA H100 80GB HBM3", {"B": 1, "Q": 1, "SKV": 32768}
+    key = tune.db_key("causal_dc", shape, gpu, triton.__version__)
+    tune.store_plan(key, "split", {"config": {"CHUNKS": 8}, "seconds": 80e-6})
+    tune.store_plan(key, "rolled", {"config": {"BLOCK_J": 64}, "seconds": 50e-6})
+    args = ["optimize", str(SPECS / "causal_dc.py"), "--shape", "SKV=32768", "--explain"]
+    res = CliRunner().invoke(main, args + ["--device", gpu])
+    assert res.exit_code == 0, res.output
+    assert f"device: {gpu} (measured profile shipped with the package)" in res.output
+    assert "measured plan times" in res.output and "rolled 50.0 us, split 80.0 us" in res.output
+    assert "* rolled        measured      50.0 us" in res.output and "  unfused       analytic" in res.output
+    assert "chosen: rolled" in res.output and "'BLOCK_J': 64" in res.output   # the module's CONFIG
+    res = CliRunner().invoke(main, args + ["--device", "h200"])   # another GPU: its own (no) measurements
+    assert res.exit_code == 0, res.output
+    assert "chosen: split" in res.output and "measured      " not in res.output

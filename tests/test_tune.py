@@ -1,13 +1,17 @@
-"""Tuning: the config grid, the time budget, the database (merged under a lock, replaced atomically) and
-optimize baking a stored config into the module. Timings here come from a stand-in clock (no GPU)."""
+"""Tuning: the config grid, the time budget, the database (merged under a lock, replaced atomically, one record
+per plan family), optimize baking a stored config into the module, and measured plan times replacing the
+analytic estimates in extraction. Timings here come from a stand-in clock (no GPU)."""
 import json
 import multiprocessing
+from types import SimpleNamespace
 
+import pytest
 import triton
 
 from neptune_eqsat import tune
 from neptune_eqsat.compiler import optimize
 from neptune_eqsat.cost import Device
+from neptune_eqsat.extract import candidates
 
 from conftest import SPECS
 
@@ -61,3 +65,74 @@ def test_optimize_uses_the_stored_config_for_this_gpu_and_shape_bucket():
     assert "'BLOCK_J': 64" in res.source and "tuning database" in res.explain()
     other = optimize(str(SPECS / "causal_pf.py"), sizes={"S": 4096}, device=Device(name="Other GPU"))
     assert other.tuned is None and "'BLOCK_J': 128" in other.source
+
+
+@pytest.fixture
+def own_db(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEPTUNE_EQSAT_TUNING_DB", str(tmp_path / "tuning.json"))
+    return tmp_path / "tuning.json"
+
+
+def test_plan_family_is_read_from_the_module_plan():
+    assert tune.plan_family("split+packed: 1 pass(es) over j\n    r1 = max(j, x[r, j])") == "split+packed"
+    assert tune.plan_family("rolled: 1 pass(es) over j") == "rolled"
+    assert tune.plan_family("") == tune.UNKNOWN_FAMILY
+
+
+def test_tune_module_stores_the_time_under_the_module_plan_family(own_db):
+    module = SimpleNamespace(PLAN="unfused: 2 pass(es) over j\n    out = x", forward=lambda *inputs, config: config,
+                             CONFIG={"BLOCK_J": 64, "num_warps": 4, "num_stages": 2})
+    key, _ = tune.tune_module(module, "softmax", {"R": 64, "N": 1000}, [], gpu="Lab GPU", progress=None,
+                              measure=lambda fn: 1.0 + fn()["num_warps"] / 8 + fn()["BLOCK_J"] / 64)
+    tune.tune_module(SimpleNamespace(**{**vars(module), "PLAN": "rolled: 1 pass(es) over j"}), "softmax",
+                     {"R": 64, "N": 1000}, [], gpu="Lab GPU", progress=None, measure=lambda fn: 0.25)
+    plans = json.loads(own_db.read_text())[key]["plans"]
+    assert set(plans) == {"unfused", "rolled"}   # the second family did not replace the first
+    assert plans["unfused"]["seconds"] == pytest.approx(1.5e-3 + 0.5e-3)
+    assert plans["unfused"]["config"]["num_warps"] == 4 and plans["unfused"]["config"]["BLOCK_J"] == 32
+    assert plans["rolled"]["seconds"] == pytest.approx(0.25e-3)
+
+
+def test_entries_of_several_families_and_old_entries(own_db):
+    sizes = {"R": 64, "N": 1000}
+    key = tune.db_key("softmax", sizes, "Lab GPU", triton.__version__)
+    tune.store(key, {"config": {"BLOCK_J": 32}, "ms": 0.5})   # written before families were recorded
+    tune.store_plan(key, "rolled", {"config": {"BLOCK_J": 64}, "seconds": 3e-4})
+    tune.store_plan(key, "unfused", {"config": {"BLOCK_J": 128}, "seconds": 2e-4})
+    plans = tune.measured_plans("softmax", {"R": 33, "N": 1024}, "Lab GPU")   # same shape bucket
+    assert set(plans) == {"rolled", "unfused", tune.UNKNOWN_FAMILY}
+    assert tune.plan_times(plans) == {"rolled": 3e-4, "unfused": 2e-4}   # the unknown family is config only
+    assert tune.stored_config("softmax", sizes, "Lab GPU", "rolled") == {"BLOCK_J": 64}
+    assert tune.stored_config("softmax", sizes, "Lab GPU", "split") == {"BLOCK_J": 32}
+    assert tune.stored_config("softmax", sizes, "Lab GPU") == {"BLOCK_J": 128}   # the fastest measured plan
+    assert tune.stored_config("softmax", sizes, "Other GPU", "rolled") is None
+    older = tune.db_key("softmax", sizes, "Lab GPU", "0.9.0")   # another Triton version: fills in families only
+    tune.store_plan(older, "split", {"config": {"CHUNKS": 4}, "seconds": 1e-4})
+    tune.store_plan(older, "rolled", {"config": {"BLOCK_J": 16}, "seconds": 1e-5})
+    plans = tune.measured_plans("softmax", sizes, "Lab GPU")
+    assert plans["split"]["key"] == older and plans["rolled"]["config"] == {"BLOCK_J": 64}
+
+
+def test_measured_times_replace_the_analytic_estimates(own_db):
+    softmax, gpu = str(SPECS / "softmax.py"), "Lab GPU"
+    analytic = optimize(softmax, device=Device(name=gpu))
+    assert [c.family for c in analytic.candidates] == ["rolled", "unfused"]   # the model's choice
+    assert {c.basis for c in analytic.candidates} == {"analytic"}
+    estimate = {c.family: c.cost.seconds for c in analytic.candidates}
+    key = tune.db_key("softmax", analytic.spec.typical, gpu, triton.__version__)
+
+    # the analytic best measured slower than the other plan's estimate: a measurement against an estimate
+    sat, spec, sizes = analytic.saturation, analytic.spec, analytic.spec.typical
+    mixed = candidates(sat, spec, sizes, Device(name=gpu), {"rolled": 2 * estimate["unfused"]})
+    assert [(c.family, c.basis) for c in mixed] == [("unfused", "analytic"), ("rolled", "measured")]
+
+    # both measured, the analytic best slower: the measured best is chosen, with its own config
+    tune.store_plan(key, "rolled", {"config": {"BLOCK_J": 64}, "seconds": 900e-6})
+    tune.store_plan(key, "unfused", {"config": {"BLOCK_J": 32, "num_warps": 2}, "seconds": 500e-6})
+    measured = optimize(softmax, device=Device(name=gpu))
+    assert measured.chosen.family == "unfused" and measured.chosen.seconds == 500e-6
+    assert measured.tuned == {"BLOCK_J": 32, "num_warps": 2} and "'BLOCK_J': 32" in measured.source
+    assert "PLAN = 'unfused:" in measured.source
+    text = measured.explain()
+    assert "* unfused       measured     500.0 us" in text and "  rolled        measured     900.0 us" in text
+    assert "why: unfused measured 500.0 us against rolled measured 900.0 us, the next best: both measured" in text
