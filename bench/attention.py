@@ -544,6 +544,25 @@ def write_results(results, out_dir, plot_png):
         print("results.png not written (matplotlib missing or nothing measured)")
 
 
+def merge(dirs, out_dir):
+    """One result out of runs on the same GPU model: rows joined, geomeans over all of them."""
+    runs = [json.loads((Path(d) / "results.json").read_text()) for d in dirs]
+    gpus = {r["device"].get("device") for r in runs}
+    if len(gpus) != 1:
+        sys.exit(f"--merge: the runs were made on different GPUs ({', '.join(map(str, gpus))})")
+    merged = dict(device={**runs[0]["device"], "merged_from": [str(d) for d in dirs],
+                          "dates": [r["device"].get("date") for r in runs]},
+                  config=runs[0]["config"], modules={}, skipped=[], errors=[], rows=[], summary={})
+    for r in runs:
+        for key in ("skipped", "errors", "rows"):
+            merged[key] += r[key]
+        merged["modules"].update(r["modules"])
+    merged["summary"] = summary(merged["rows"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_results(merged, out_dir, plot_png=True)
+    print(markdown(merged))
+
+
 def device_info():
     import triton
     info = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
@@ -603,6 +622,8 @@ def parse_args(argv=None):
                    help=f"comma list from {','.join(SYSTEMS)} (default all but eager)")
     p.add_argument("--quick", action="store_true", help="short timing, smallest default shapes")
     p.add_argument("--selfcheck", action="store_true", help="CPU checks of the reference and the accounting, then exit")
+    p.add_argument("--merge", nargs="+", metavar="DIR", help="join earlier runs' results.json (one GPU) into --out, "
+                   "for a suite split over several runs; measures nothing")
     args = p.parse_args(argv)
     if args.seqs is None:
         args.seqs = [1024] if args.quick else [1024, 4096, 16384]
@@ -617,6 +638,8 @@ def main(argv=None):
         sys.exit("bench/attention.py needs torch (not importable here)")
     if args.selfcheck:
         return selfcheck()
+    if args.merge:
+        return merge(args.merge, Path(args.out))
     if not torch.cuda.is_available():
         sys.exit("bench/attention.py needs a CUDA GPU (torch.cuda.is_available() is False); "
                  "--selfcheck runs the CPU checks")
@@ -746,6 +769,10 @@ def selfcheck():
         saved = json.loads((Path(tmp) / "out" / "results.json").read_text())
         assert len(saved["rows"]) == len(results["rows"])
         assert "| global_pf | 1 | 64 |" in (Path(tmp) / "out" / "results.md").read_text()
+        merge([Path(tmp) / "out", Path(tmp) / "out"], Path(tmp) / "merged")
+        joined = json.loads((Path(tmp) / "merged" / "results.json").read_text())
+        assert len(joined["rows"]) == 2 * len(results["rows"])
+        assert joined["summary"]["all"]["neptune_over_best_compiler"]["n"] == 0   # no compiler ran here
     print("selfcheck: run loop, WRONG/FAIL/skip handling, results.json and results.md ok")
     print("selfcheck passed")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from neptune_eqsat import ir
 from neptune_eqsat.combine import combine_plan
 from neptune_eqsat.cost import split_count
+from neptune_eqsat.tune import bucket
 from neptune_eqsat.schedule import Schedule
 
 from . import masks
@@ -249,6 +250,9 @@ PLAN = {plan_one!r}
 # Tunables: block sizes, warps and pipeline stages (GPU), and the small blocks used under the interpreter.
 CONFIG = {gpu!r}
 INTERPRETER_CONFIG = {cpu!r}
+# Tunables measured best on the GPU per shape bucket (each size rounded up to a power of two); they replace
+# CONFIG's for calls in that bucket.
+TUNED = {tuned!r}
 # Inputs of forward in order: name -> (dtype, shape); a str in a shape is a size given at run time.
 INPUTS = {inputs_table!r}
 
@@ -272,6 +276,8 @@ def forward({args}, *, config=None):
     if device.type == "cpu" and not _INTERPRETED:
         raise RuntimeError("CPU tensors run under Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
     cfg = dict(INTERPRETER_CONFIG if device.type == "cpu" else CONFIG)
+    if device.type == "cuda":
+        cfg.update(TUNED.get(bucket(sizes), {{}}))
     cfg.update(config or {{}})
     rec = _Recording(({args},)) if device.type == "cuda" and _replay_enabled() else None
 {dims}
@@ -316,8 +322,9 @@ def _launch(w: KernelWriter, grid: str, cfg: str) -> list[str]:
 
 
 def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.py", out_file: str = "OUT.py",
-                  tuned: dict | None = None) -> str:
-    """The module's source; `tuned` (a measured config) replaces the default GPU tunables it names."""
+                  tuned: dict | None = None, by_bucket: dict[str, dict] | None = None) -> str:
+    """The module's source; `tuned` (a measured config) replaces the default GPU tunables it names, and
+    `by_bucket` (shape bucket -> measured config) those of calls whose sizes fall in a bucket."""
     spec = sched.spec
     inputs = list(spec.inputs)
     shape = spec.output_shape or [spec.extent(a) for a in spec.output_axes]
@@ -341,6 +348,7 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
 
     binds = "\n".join(f"    _bind(sizes, {n!r}, {n}, {shape_code(spec.inputs[n].shape)})" for n in inputs)
     gpu.update({k: v for k, v in (tuned or {}).items() if k in gpu})
+    tuned_table = {b: {k: v for k, v in c.items() if k in gpu} for b, c in sorted((by_bucket or {}).items())}
     inputs_table = {n: (TORCH_DTYPE[spec.inputs[n].dtype].split(".")[1],
                         tuple(e if isinstance(e, int) else e.name for e in spec.inputs[n].shape)) for n in inputs}
     derived = spec.derived
@@ -352,7 +360,7 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
     return MODULE.format(
         title=title, spec=spec.name, spec_file=spec_file, out_file=out_file,
         plan=textwrap.indent(plan, "    "), plan_one=plan, name=name, gpu=gpu, cpu=cpu, kernels=kernels,
-        helpers=helpers, runtime=_runtime_source(), inputs_table=inputs_table, args=", ".join(inputs), first=inputs[0], binds=binds, dims=dims or "    pass",
+        helpers=helpers + inspect.getsource(bucket) + "\n\n", runtime=_runtime_source(), tuned=tuned_table, inputs_table=inputs_table, args=", ".join(inputs), first=inputs[0], binds=binds, dims=dims or "    pass",
         launch="\n".join(launch), doc=f"{spec.name}: inputs {', '.join(inputs)}; returns {spec.output_name}.",
     )
 
@@ -374,7 +382,7 @@ def _split_parts(sched: Schedule, name: str, inputs: list[str], out_alloc: str, 
                + ", ".join(f"{c}: tl.constexpr" for c in cw.constexprs) + ",\n):\n"
                + f"    {cname}_tile(tl.program_id(0), tl.program_id(1), {', '.join(cw.params + cw.constexprs)})\n")
     row, crow, chunks = f"BLOCK_{sched.row.upper()}", f"BLOCK_{comb.sched.row.upper()}", f"BLOCK_{comb.chunk_axis.upper()}"
-    cgpu = {"in_kernel": 1, **COMBINE_GPU, crow: 4, chunks: 16}
+    cgpu = {"in_kernel": 1, **COMBINE_GPU, crow: 8, chunks: 16}
     ccpu = {"in_kernel": 1, **COMBINE_CPU, crow: 2, chunks: 4}
     # few query rows: the smallest tile the matrix units take; short key blocks (best in a sweep on an H100)
     gpu[row] = cpu[row] = 16

@@ -113,6 +113,20 @@ def config_for(plans: dict[str, dict], family: str | None) -> dict | None:
     return record["config"] if record else None
 
 
+def configs_by_bucket(spec_name: str, gpu: str, family: str, path: Path | None = None) -> dict[str, dict]:
+    """shape bucket -> the config measured best for `family` (or of unknown family) at that bucket on `gpu`:
+    the table a generated module picks its tunables from by the shape of each call."""
+    buckets = {}
+    for key in load_db(path):
+        name, shape, key_gpu, _ = key.split("|", 3) if key.count("|") >= 3 else ("", "", "", "")
+        if name == spec_name and key_gpu == gpu and shape not in buckets:
+            sizes = dict((k, int(v)) for k, v in (x.split("=") for x in shape.split(",") if x))
+            config = config_for(measured_plans(spec_name, sizes, gpu, path), family)
+            if config:
+                buckets[shape] = config
+    return buckets
+
+
 def stored_config(spec_name: str, sizes: dict[str, int], gpu: str, family: str | None = None) -> dict | None:
     """The best measured config for this spec, shape bucket and GPU, of `family` (see config_for)."""
     return config_for(measured_plans(spec_name, sizes, gpu), family)

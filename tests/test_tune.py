@@ -12,6 +12,7 @@ from neptune_eqsat import tune
 from neptune_eqsat.compiler import optimize
 from neptune_eqsat.cost import Device
 from neptune_eqsat.extract import candidates
+from neptune_eqsat.runtime import load_module
 
 from conftest import SPECS
 
@@ -136,3 +137,16 @@ def test_measured_times_replace_the_analytic_estimates(own_db):
     text = measured.explain()
     assert "* unfused       measured     500.0 us" in text and "  rolled        measured     900.0 us" in text
     assert "why: unfused measured 500.0 us against rolled measured 900.0 us, the next best: both measured" in text
+
+
+def test_the_module_carries_a_measured_config_per_shape_bucket(own_db):
+    for S, block in ((1000, 64), (4096, 128)):
+        key = tune.db_key("gqa_pf", {"B": 1, "S": S}, "Lab GPU", triton.__version__)
+        tune.store_plan(key, "rolled", {"config": {"BLOCK_I": block, "num_warps": 4}, "seconds": 1e-4})
+    tune.store_plan(tune.db_key("gqa_pf", {"B": 1, "S": 512}, "Other GPU", triton.__version__), "rolled",
+                    {"config": {"BLOCK_I": 32}, "seconds": 1e-4})
+    res = optimize(str(SPECS / "gqa_pf.py"), device=Device(name="Lab GPU"))
+    mod = load_module(res.source, "gqa_pf_buckets")
+    assert mod.TUNED == {"B=1,S=1024": {"BLOCK_I": 64, "num_warps": 4}, "B=1,S=4096": {"BLOCK_I": 128, "num_warps": 4}}
+    assert mod.TUNED[mod.bucket({"B": 1, "S": 777})]["BLOCK_I"] == 64      # calls find their bucket's config
+    assert mod.bucket({"B": 1, "S": 3000}) == "B=1,S=4096"
