@@ -375,12 +375,22 @@ def shapes(args, op):
     return list(dict.fromkeys(todo))
 
 
+def portable(value):
+    """A path as the results file keeps it: relative to the working folder, or from $OUT, not the machine's."""
+    if not isinstance(value, (str, Path)) or not os.path.isabs(str(value)):
+        return value
+    text, out = str(value), os.environ.get("OUT")
+    if out and text.startswith(out.rstrip("/") + "/"):
+        return "$OUT/" + text[len(out.rstrip("/")) + 1:]
+    return os.path.relpath(text) if text.startswith(os.getcwd()) else text
+
+
 def run_all(args, device="cuda", timer=None, info=None):
     """The whole benchmark; writes the results after every shape, so a run cut short keeps what it measured."""
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     results = dict(device=info or {}, config=dict(D=D, window=WINDOW, cap=CAP, tol=TOL, full_check=FULL_CHECK,
-                                                  sampled=SAMPLED, args={k: v for k, v in vars(args).items()}),
+                                                  sampled=SAMPLED, args={k: portable(v) for k, v in vars(args).items()}),
                    modules={}, skipped=[], errors=[], rows=[], summary={})
     for name in args.ops:
         op = OPS[name]
@@ -393,11 +403,11 @@ def run_all(args, device="cuda", timer=None, info=None):
                 continue
             try:
                 module = load_module(path)
-                meta = dict(path=str(path), NAME=getattr(module, "NAME", None), PLAN=getattr(module, "PLAN", None))
+                meta = dict(path=portable(path), NAME=getattr(module, "NAME", None), PLAN=getattr(module, "PLAN", None))
                 print(f"{name}: {path}" + "".join(f"\n  {k}: {v}" for k, v in meta.items() if k != "path" and v))
             except Exception as e:
                 module_error = f"load {path}: {short(e)}"
-                meta = dict(path=str(path), error=module_error)
+                meta = dict(path=portable(path), error=module_error)
                 print(f"{name}: {module_error}", flush=True)
             results["modules"][name] = meta
         for B, S in shapes(args, op):
