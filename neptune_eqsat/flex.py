@@ -257,6 +257,8 @@ def trace(score_mod, mask_mod, problem: Problem) -> tuple[Spec, list[torch.Tenso
     o = S.sum(j, S.cast(p_, p.dtype) * v[b, hk, j, e]) / S.where(l_ == 0, 1, l_)
     spec.output("o", p.dtype, o, b, h, i, e)
     spec.validate()
+    # one name per traced problem: the tuning database keys its measurements by spec name
+    spec.name = "flex_" + hashlib.sha256(_problem_text(spec, problem).encode()).hexdigest()[:12]
     return spec, tr.captures
 
 
@@ -307,9 +309,13 @@ def _compiler_fingerprint() -> str:
 def plan_key(spec: Spec, problem: Problem) -> str:
     """The cache key: the traced expressions, the inputs' dtypes and shapes (as dims), the problem (dtype, head
     dims, GQA ratio, scale, decode or prefill), not the sequence lengths."""
-    text = f"{_compiler_fingerprint()}|{problem}|{ir.show(spec.output_term)}|" + "|".join(
-        f"{n}:{t.dtype}:{t.shape}" for n, t in spec.inputs.items())
+    text = f"{_compiler_fingerprint()}|{_problem_text(spec, problem)}"
     return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _problem_text(spec: Spec, problem: Problem) -> str:
+    return f"{problem}|{ir.show(spec.output_term)}|" + "|".join(
+        f"{n}:{t.dtype}:{t.shape}" for n, t in spec.inputs.items())
 
 
 def compiled_module(key: str, spec: Spec, interpret: bool) -> ModuleType:

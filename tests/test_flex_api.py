@@ -225,3 +225,15 @@ def test_processes_sharing_the_cache(tmp_path):
     outs = [torch.load(tmp_path / f"out{n}.pt") for n in range(2)]
     assert torch.equal(outs[0], outs[1])
     assert len(list((tmp_path / "cache").glob("flex_*.py"))) == 1
+
+
+def test_each_traced_problem_has_its_own_spec_name():
+    """The tuning database keys measurements by spec name: two problems must not share one."""
+    from neptune_eqsat.flex import Problem, trace
+    problem = Problem("f16", 4, 4, 16, 16, 0.25)
+    plain, _ = trace(None, None, problem)
+    doubled, _ = trace(lambda s, b, h, i, j: s * 2, None, problem)
+    again, _ = trace(None, None, problem)
+    wider, _ = trace(None, None, Problem("f16", 4, 2, 16, 16, 0.25))
+    assert plain.name == again.name
+    assert len({plain.name, doubled.name, wider.name}) == 3 and plain.name.startswith("flex_")
