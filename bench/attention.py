@@ -215,10 +215,16 @@ def api_callables(op, slopes, offset):
     return mod, mask
 
 
-def neptune_api(case):
+def import_package():
+    """neptune_eqsat from this checkout (the bench runs as a script, without the package installed)."""
     if str(HERE.parent) not in sys.path:
         sys.path.insert(0, str(HERE.parent))
-    from neptune_eqsat import flex_attention as api
+    import neptune_eqsat
+    return neptune_eqsat
+
+
+def neptune_api(case):
+    api = import_package().flex_attention
     offset = case.k.shape[2] - case.q.shape[2]
     if offset:   # decode: a captured position, so that one kernel serves every KV length
         offset = torch.tensor(offset, device=case.device)
@@ -587,15 +593,14 @@ def device_info():
     return info
 
 
-def copy_bandwidth(nbytes=1 << 30):
-    """Device-to-device copy of 1 GiB, GB/s of bytes read plus written: the ceiling decode runs against."""
-    import triton.testing
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
-    del src, dst
+def copy_bandwidth():
+    """Device-to-device copy of 1 GiB, GB/s of bytes read plus written (the cost model's calibration of the
+    same): the ceiling decode runs against."""
+    import_package()
+    from neptune_eqsat.calibrate import gpu_timer, memory_bandwidth
+    gbs = memory_bandwidth(gpu_timer) / 1e9
     free("cuda")
-    return 2 * nbytes / ms / 1e6
+    return gbs
 
 
 # ---------------------------------------------------------------- command line

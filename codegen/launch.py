@@ -113,8 +113,7 @@ def _launch(rec, kernel, grid, args, cfg, constexprs):
     if compiled is None:
         compiled = _COMPILED[key] = kernel[grid](*args, **cfg)
     else:
-        _run(compiled, grid, triton.runtime.driver.active.get_current_stream(args[0].device.index),
-             list(args) + list(constexprs))
+        _run(compiled, grid, _current_stream(args[0].device), list(args) + list(constexprs))
     if rec is not None:
         rec.launched(compiled, grid, args, constexprs)
 

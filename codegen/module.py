@@ -360,7 +360,8 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
     return MODULE.format(
         title=title, spec=spec.name, spec_file=spec_file, out_file=out_file,
         plan=textwrap.indent(plan, "    "), plan_one=plan, name=name, gpu=gpu, cpu=cpu, kernels=kernels,
-        helpers=helpers + inspect.getsource(bucket) + "\n\n", runtime=_runtime_source(), tuned=tuned_table, inputs_table=inputs_table, args=", ".join(inputs), first=inputs[0], binds=binds, dims=dims or "    pass",
+        helpers=helpers + inspect.getsource(bucket) + "\n\n", runtime=_runtime_source(), tuned=tuned_table,
+        inputs_table=inputs_table, args=", ".join(inputs), first=inputs[0], binds=binds, dims=dims or "    pass",
         launch="\n".join(launch), doc=f"{spec.name}: inputs {', '.join(inputs)}; returns {spec.output_name}.",
     )
 

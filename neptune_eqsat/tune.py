@@ -84,10 +84,14 @@ def _triton_version(key: str) -> tuple:
 def measured_plans(spec_name: str, sizes: dict[str, int], gpu: str, path: Path | None = None) -> dict[str, dict]:
     """family -> record measured for this spec, shape bucket and GPU; each family's record comes from the entry
     of the Triton version here, else from the newest other version. Each record also names its database key."""
+    return _plans_under(load_db(path), key_prefix(spec_name, sizes, gpu))
+
+
+def _plans_under(db: dict, prefix: str) -> dict[str, dict]:
+    """measured_plans of the entries whose keys start with `prefix` (spec|bucket|GPU|)."""
     import triton
-    prefix = key_prefix(spec_name, sizes, gpu)
-    here = db_key(spec_name, sizes, gpu, triton.__version__)
-    entries = sorted(((k, v) for k, v in load_db(path).items() if k.startswith(prefix)),
+    here = f"{prefix}triton {triton.__version__}"
+    entries = sorted(((k, v) for k, v in db.items() if k.startswith(prefix)),
                      key=lambda kv: (kv[0] == here, _triton_version(kv[0])))
     out: dict[str, dict] = {}
     for key, entry in entries:   # the preferred entries come last and override
@@ -116,14 +120,13 @@ def config_for(plans: dict[str, dict], family: str | None) -> dict | None:
 def configs_by_bucket(spec_name: str, gpu: str, family: str, path: Path | None = None) -> dict[str, dict]:
     """shape bucket -> the config measured best for `family` (or of unknown family) at that bucket on `gpu`:
     the table a generated module picks its tunables from by the shape of each call."""
-    buckets = {}
-    for key in load_db(path):
-        name, shape, key_gpu, _ = key.split("|", 3) if key.count("|") >= 3 else ("", "", "", "")
-        if name == spec_name and key_gpu == gpu and shape not in buckets:
-            sizes = dict((k, int(v)) for k, v in (x.split("=") for x in shape.split(",") if x))
-            config = config_for(measured_plans(spec_name, sizes, gpu, path), family)
+    db, buckets = load_db(path), {}
+    for key in db:
+        parts = key.split("|")
+        if len(parts) == 4 and parts[0] == spec_name and parts[2] == gpu and parts[1] not in buckets:
+            config = config_for(_plans_under(db, f"{spec_name}|{parts[1]}|{gpu}|"), family)
             if config:
-                buckets[shape] = config
+                buckets[parts[1]] = config
     return buckets
 
 
