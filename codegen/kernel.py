@@ -70,6 +70,8 @@ class KernelWriter:
         self.ctx = Context("prologue", "prologue")
         self.n = 0
         self.masked_wheres = set(masks.mask_wheres(sched.term, self.loop)) if self.loop else set()
+        self.tma = False                   # may loads go through tensor descriptors (see descriptor_load)
+        self.descriptors: dict[tuple, tuple[str, str, list[str]]] = {}   # (input, blocks) -> (param, input, blocks)
         self.dims = sorted({t.attrs[0] for t in ir.walk(sched.term) if t.op == "dim"} |
                            {e.name for e in self._extents() if not isinstance(e, int)})
 
@@ -214,9 +216,46 @@ class KernelWriter:
             if self.padded(a):
                 checks.append(self.expand(Val(f"valid_{a}", (a,), "bool"), order))
         mask = f", mask={' & '.join(checks)}, other=0.0" if checks else ""
-        v = Val(self.put(blk, f"tl.load({' + '.join(parts)}{mask})", "ld"), order, self.spec.inputs[name].dtype)
+        pointer_load = f"tl.load({' + '.join(parts)}{mask})"
+        via_descriptor = self.descriptor_load(t, order) if self.tma else None
+        if via_descriptor is None:
+            var = self.put(blk, pointer_load, "ld")
+        else:   # the copy engine where the launcher could build a descriptor, pointer loads otherwise
+            var = self.fresh("ld")
+            self.blocks[blk] += ["if USE_TMA:", f"    {var} = {via_descriptor}", "else:", f"    {var} = {pointer_load}"]
+        v = Val(var, order, self.spec.inputs[name].dtype)
         self.cache[key] = v
         return v
+
+    def tile_start(self, a: str) -> str:
+        if a == self.loop:
+            return "start"
+        return "i_lo" if a == self.row else "0"
+
+    def descriptor_load(self, t: Term, order: tuple[str, ...]) -> str | None:
+        """The load as a tensor-descriptor block read, when every index is a program-level value or one tile
+        axis (the block then starts at that tile's start and runs its block size; the copy engine fills what
+        lies past the tensor's end with zeros, as the masked pointer load does); None otherwise."""
+        coords, blocks, natural = [], [], []
+        for idx in t.args:
+            iv = self.emit(idx)
+            if not iv.axes:
+                coords.append(iv.code)
+                blocks.append("1")
+            elif idx.op == "axis" and idx.attrs[0] in self.tile_axes and idx.attrs[0] not in natural:
+                a = idx.attrs[0]
+                coords.append(self.tile_start(a))
+                blocks.append(f"BLOCK_{a.upper()}" if a in (self.row, self.loop) else self.block(a))
+                natural.append(a)
+            else:
+                return None
+        if blocks[-1] == "1" or set(natural) != set(order) or (natural != list(order) and len(order) != 2):
+            return None   # the copy engine reads whole rows of the last dimension; 2-d tiles transpose
+        name = t.attrs[0]
+        param = self.descriptors.setdefault((name, tuple(blocks)), (f"{name}_desc{len(self.descriptors)}", name, blocks))[0]
+        shape = ", ".join(b for b in blocks if b != "1")
+        code = f"{param}.load([{', '.join(coords)}]).reshape({shape})"
+        return code + (".T" if natural != list(order) else "")
 
     def ordered(self, t: Term, order: tuple[str, ...], prev: bool) -> Val:
         """t's tile in a given axis order (for dot operands)."""

@@ -5,8 +5,16 @@ kernel runs. On the GPU a call is therefore recorded once per signature of its i
 dtypes, 16-byte alignment, device): the compiled kernels, their grids and integer arguments are the same for
 every call with that signature, so later calls replay the launches with only the tensors changed.
 """
+import functools
+
 import torch
 import triton
+
+# ---- copied into every generated module from here on
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:   # a Triton without host tensor descriptors: kernels load through pointers
+    TensorDescriptor = None
 
 _COMPILED = {}   # (kernel, grid, config, argument specialization) -> compiled kernel
 _REPLAYS = {}    # signature of the inputs -> replay of the recorded launches
@@ -47,13 +55,18 @@ class _Recording:
         return t
 
     def launched(self, compiled, grid, args, constexprs):
-        """Keep the launch as its argument list with the tensors' places and the buffers they come from."""
+        """Keep the launch as its argument list with the places of its tensors and tensor descriptors, the
+        buffers they come from and the descriptors' block shapes (None for a bare tensor)."""
         template = list(args) + list(constexprs)
-        tensors = tuple((pos, next(n for n, b in enumerate(self.buffers) if b is a))
-                        for pos, a in enumerate(args) if isinstance(a, torch.Tensor))
-        for pos, _ in tensors:
-            template[pos] = None
-        self.launches.append((compiled, grid, template, tensors))
+        tensors = []
+        for pos, a in enumerate(args):
+            described = TensorDescriptor is not None and isinstance(a, TensorDescriptor)
+            if described or isinstance(a, torch.Tensor):
+                base = a.base if described else a
+                slot = next(n for n, b in enumerate(self.buffers) if b is base)
+                tensors.append((pos, slot, list(a.block_shape) if described else None))
+                template[pos] = None
+        self.launches.append((compiled, grid, template, tuple(tensors)))
 
     def replay(self, device, out):
         allocs, launches = self.allocs, self.launches
@@ -65,8 +78,8 @@ class _Recording:
                                    for ticket, s, d in allocs]
             for compiled, grid, template, tensors in launches:
                 args = template.copy()
-                for pos, slot in tensors:
-                    args[pos] = bufs[slot]
+                for pos, slot, block in tensors:
+                    args[pos] = bufs[slot] if block is None else _descriptor(bufs[slot], block)
                 _run(compiled, grid, stream, args)
             return bufs[out_slot]
         return replay
@@ -99,16 +112,42 @@ def _tickets(rec, device, count):
     return rec.tickets(t, count) if rec is not None else t
 
 
+@functools.lru_cache(maxsize=None)
+def _copy_engine(device):
+    return device.type == "cpu" or torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _descriptor(x, block):
+    """x as the copy engine reads it, in blocks of `block`; None where it cannot: a Triton without host
+    descriptors, a GPU before Hopper, an empty tensor, the last dimension not contiguous, the base or another
+    stride not 16-byte aligned, a row of a block under 16 bytes or a block side over 256."""
+    size = x.element_size()
+    if (TensorDescriptor is None or not _copy_engine(x.device) or x.numel() == 0 or x.stride(-1) != 1
+            or x.data_ptr() % 16 or any(s * size % 16 for s in x.stride()[:-1]) or block[-1] * size < 16
+            or max(block) > 256):
+        return None
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), block)
+
+
+def _specialization(a):
+    """What Triton specializes a kernel argument on: dtypes, 16-byte alignment, ints equal to 1, divisible by 16
+    or beyond 32 bits, a descriptor's block shape."""
+    if type(a) is int:
+        return a == 1, a % 16 == 0, -2**31 <= a < 2**31
+    if a is None or isinstance(a, float):
+        return a
+    if TensorDescriptor is not None and isinstance(a, TensorDescriptor):
+        return a.base.dtype, tuple(a.block_shape)
+    return a.dtype, a.data_ptr() % 16 == 0
+
+
 def _launch(rec, kernel, grid, args, cfg, constexprs):
-    """Launch a kernel; on the GPU keep the compiled kernel per argument specialization (what Triton
-    specializes on: dtypes, 16-byte alignment, ints equal to 1, divisible by 16 or beyond 32 bits)."""
+    """Launch a kernel; on the GPU keep the compiled kernel per argument specialization."""
     if args[0].device.type != "cuda" or not _replay_enabled():
         kernel[grid](*args, **cfg)
         return
     grid = tuple(grid) + (1,) * (3 - len(grid))
-    key = (kernel, grid, *cfg.items(), *constexprs, *[
-        (a == 1, a % 16 == 0, -2**31 <= a < 2**31) if type(a) is int else (a.dtype, a.data_ptr() % 16 == 0)
-        for a in args])
+    key = (kernel, grid, *cfg.items(), *constexprs, *map(_specialization, args))
     compiled = _COMPILED.get(key)
     if compiled is None:
         compiled = _COMPILED[key] = kernel[grid](*args, **cfg)

@@ -77,15 +77,31 @@ def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, c
     finish also combines the tile's partials. With `tile` it is a function of (pid_row, pid_grid) that other
     kernels call, rather than a kernel."""
     w = KernelWriter(sched, name)
+    w.tma = not tile   # a tile function takes no descriptors: the kernels that call it hold pointers only
     spec, loop, row = sched.spec, sched.loop, sched.row
     head: list[str] = []
+    w.row_order = False
     if row and not tile:
         b = _bounds(w, sched.reductions) if loop else None
-        if b is not None and b.work_grows:   # the longest rows first, so the last wave is short
+        if b is not None and b.work_grows and not partials:
+            # later row blocks see more keys: run the longest first, so the last wave is short (ROW_ORDER 1,
+            # one head after another, keeps a head's keys in cache; ROW_ORDER 2 starts every head's longest
+            # blocks first and balances better when there are few blocks per head)
+            w.row_order = True
+            head += ["if ROW_ORDER == 2:",
+                     "    pid_row = tl.num_programs(1) - 1 - tl.program_id(1)",
+                     "    pid_grid = tl.program_id(0)",
+                     "elif ROW_ORDER == 1:",
+                     "    pid_row = tl.num_programs(0) - 1 - tl.program_id(0)",
+                     "    pid_grid = tl.program_id(1)",
+                     "else:",
+                     "    pid_row = tl.program_id(0)",
+                     "    pid_grid = tl.program_id(1)"]
+        elif b is not None and b.work_grows:
             head += ["pid_row = tl.num_programs(0) - 1 - tl.program_id(0)"]
         else:
             head += ["pid_row = tl.program_id(0)"]
-    if not tile:
+    if not tile and not w.row_order:
         head += ["pid_grid = tl.program_id(1)"]
     rest = "pid_grid"
     for k, g in enumerate(reversed(sched.grid)):
@@ -153,8 +169,10 @@ def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, c
         params += [f"{n}_s{k}" for k in range(len(spec.inputs[n].shape))]
     for n, axes in out_axes.items():
         params += [f"{n}_s{k}" for k in range(len(axes))]
+    params += [param for param, _, _ in w.descriptors.values()]
     params += w.dims + (["chunk_len"] if partials else [])
-    w.constexprs = [f"BLOCK_{a.upper()}" for a in (row, loop) if a]
+    w.constexprs = [f"BLOCK_{a.upper()}" for a in (row, loop) if a] + (["USE_TMA"] if w.descriptors else [])
+    w.constexprs += ["ROW_ORDER"] if w.row_order else []
     if combine is not None:
         params += [p for p in combine.params if p not in params] + ["tickets_ptr"]
         w.constexprs += [f"COMBINE_{c}" for c in combine.constexprs] + ["COMBINE_IN_KERNEL"]
@@ -321,6 +339,22 @@ def _launch(w: KernelWriter, grid: str, cfg: str) -> list[str]:
             f"    ), {cfg}, ({consts}))"]
 
 
+def _descriptor_lines(w: KernelWriter, cfg: str) -> list[str]:
+    """Launcher lines building the kernel's tensor descriptors; where any cannot be built (layout, Triton, GPU)
+    every load falls back to pointers."""
+    if not w.descriptors:
+        return []
+    names = [param for param, _, _ in w.descriptors.values()]
+    lines = []
+    for param, tensor, blocks in w.descriptors.values():
+        block = ", ".join(f"{cfg}[{b!r}]" if b.startswith("BLOCK_") else b for b in blocks)
+        lines.append(f"    {param} = _descriptor({tensor}, [{block}]) if {cfg}['USE_TMA'] else None")
+    lines += [f"    if None in ({', '.join(names)},):",
+              f"        {' = '.join(names)} = None",
+              f"        {cfg}['USE_TMA'] = 0"]
+    return lines
+
+
 def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.py", out_file: str = "OUT.py",
                   tuned: dict | None = None, by_bucket: dict[str, dict] | None = None) -> str:
     """The module's source; `tuned` (a measured config) replaces the default GPU tunables it names, and
@@ -341,7 +375,14 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
     else:
         kernel, w = kernel_source(sched, name)
         kernels, dims_used = kernel, w.dims
-        launch = [out_alloc] + _launch(w, ", ".join(_grid(w, sched, "cfg")), "cfg")
+        if w.descriptors:
+            gpu["USE_TMA"] = cpu["USE_TMA"] = 1
+        rows, rest = _grid(w, sched, "cfg")
+        grid = f"{rows}, {rest}"
+        if w.row_order:
+            gpu["ROW_ORDER"] = cpu["ROW_ORDER"] = 1
+            grid = f"({rest}, {rows}) if cfg['ROW_ORDER'] == 2 else ({rows}, {rest})"
+        launch = [out_alloc] + _descriptor_lines(w, "cfg") + _launch(w, grid, "cfg")
 
     def shape_code(shape) -> str:
         return "(" + "".join((repr(s) if isinstance(s, int) else repr(s.name)) + ", " for s in shape).strip() + ")"
@@ -369,7 +410,8 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
 def _runtime_source() -> str:
     """The launch helpers (launch.py) without their module header and imports."""
     text = (Path(__file__).parent / "launch.py").read_text()
-    return text[text.index("_COMPILED = {}"):].rstrip() + "\n"
+    marker = "# ---- copied into every generated module from here on\n"
+    return text[text.index(marker) + len(marker):].rstrip() + "\n"
 
 
 def _split_parts(sched: Schedule, name: str, inputs: list[str], out_alloc: str, gpu: dict, cpu: dict):
@@ -406,7 +448,12 @@ def _split_parts(sched: Schedule, name: str, inputs: list[str], out_alloc: str, 
                f"    tickets = _tickets(rec, device, ({rows}) * ({rest}))",
                "    kernel_cfg.update(COMBINE_IN_KERNEL=in_kernel, "
                + ", ".join(f"COMBINE_{c}=combine_cfg[{c!r}]" for c in cw.constexprs) + ")"]
-    launch += _launch(w, f"{rows}, {rest}, {comb.chunk_dim}", "kernel_cfg")
+    if w.descriptors:
+        # off by default on the GPU: building a call's descriptors on the host cost more than the copy engine
+        # saved in short decode kernels (H100: causal_dc at KV 4096, 40 us a call with pointers, 60-110 us
+        # with descriptors; 29 us either way in a CUDA graph); tuning may turn it on
+        gpu["USE_TMA"], cpu["USE_TMA"] = 0, 1
+    launch += _descriptor_lines(w, "kernel_cfg") + _launch(w, f"{rows}, {rest}, {comb.chunk_dim}", "kernel_cfg")
     crows, crest = _grid(cw, comb.sched, "combine_cfg")
     launch += ["    if not in_kernel:"] + ["    " + x for x in _launch(cw, f"{crows}, {crest}", "combine_cfg")]
     dims = [d for d in dict.fromkeys(w.dims + cw.dims) if d != comb.chunk_dim]

@@ -136,7 +136,8 @@ def stored_config(spec_name: str, sizes: dict[str, int], gpu: str, family: str |
 
 
 def candidates(config: dict) -> list[dict]:
-    """Configs around a module's CONFIG: each block size halved and doubled, warps, stages, chunk counts."""
+    """Configs around a module's CONFIG: each block size halved and doubled, warps, stages, the order of row
+    blocks, loads through tensor descriptors or pointers, chunk counts."""
     axes: dict[str, list] = {}
     for k, v in config.items():
         if k.startswith("BLOCK_"):
@@ -145,12 +146,18 @@ def candidates(config: dict) -> list[dict]:
             axes[k] = [4, 8]
         elif k == "num_stages":
             axes[k] = [2, 3, 4]
+        elif k == "ROW_ORDER":
+            axes[k] = [0, 1, 2]
+        elif k == "USE_TMA":
+            axes[k] = [0, 1]
         elif k == "CHUNKS":
             axes[k] = [0, 2, 4, 8, 16, 32]
     keys = list(axes)
     grid = [dict(zip(keys, vals)) for vals in itertools.product(*(axes[k] for k in keys))]
     base = {k: config[k] for k in keys}
-    grid.sort(key=lambda c: c != base)   # the current default first: it is the baseline
+    # the current default first (the baseline), then configs by how many tunables they change, so a search
+    # cut short by its budget has tried every single change first
+    grid.sort(key=lambda c: sum(c[k] != base[k] for k in keys))
     return grid
 
 

@@ -27,3 +27,20 @@ def test_replay_puts_each_calls_tensors_where_the_recorded_launch_had_them(monke
     assert args[1].shape == (5,) and args[1] is not work          # a fresh workspace per call
     assert args[3] is got and got.shape == (2,) and got.dtype == torch.float16
     assert args[5] is tickets and tickets.numel() >= 7 and not tickets.any()   # one zeroed ticket buffer
+
+
+def test_replay_builds_each_calls_tensor_descriptors_around_its_tensors(monkeypatch):
+    calls = []
+    monkeypatch.setattr(launch, "_run", lambda compiled, grid, stream, args: calls.append(args))
+    device = torch.device("cpu")
+    q, k = torch.randn(2, 40, 16), torch.randn(2, 40, 16)
+    rec = launch._Recording((q, k))
+    out = rec.empty((2, 40, 16), torch.float32, device)
+    rec.launched("kernel", (1, 1, 1), (q, launch._descriptor(k, [1, 32, 16]), out, 40), (1,))
+    replay = rec.replay(device, out)
+
+    q2, k2 = torch.randn(2, 40, 16), torch.randn(2, 40, 16)
+    replay(q2, k2)
+    (args,) = calls
+    assert args[0] is q2 and args[1].base is k2 and list(args[1].block_shape) == [1, 32, 16]
+    assert args[3] == 40 and args[4] == 1

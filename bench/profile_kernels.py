@@ -1,0 +1,60 @@
+"""Run one attention kernel a few times so a profiler can read it, e.g.
+
+    ncu --clock-control none --section SpeedOfLight -k regex:'_kernel|sdpa|fprop|fmha' --launch-skip 3 \
+        --launch-count 1 python bench/profile_kernels.py gqa_dc neptune --seq 32768
+
+systems: neptune (the generated module in bench/generated), cudnn (SDPA's cuDNN backend), and for global and
+causal prefill the variants of bench/prefill_variants.py, written VARIANT:BLOCK_J:STAGES (e.g. tma:128:3).
+Imports only torch and triton.
+"""
+import argparse
+import importlib.util
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+HEADS = {"global_pf": (32, 32), "causal_pf": (32, 32), "gqa_pf": (64, 8), "causal_dc": (32, 32),
+         "gqa_dc": (64, 8), "softcap_dc": (32, 16), "alibi_dc": (32, 32)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("op", choices=sorted(HEADS))
+    ap.add_argument("system")
+    ap.add_argument("--seq", type=int, default=16384)
+    ap.add_argument("--calls", type=int, default=6)
+    args = ap.parse_args()
+    hq, hkv = HEADS[args.op]
+    decode = args.op.endswith("_dc")
+    causal = args.op == "causal_pf"
+    q = torch.randn(1, hq, 1 if decode else args.seq, 128, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(1, hkv, args.seq, 128, device="cuda", dtype=torch.float16) for _ in range(2))
+    extra = ()
+    if args.op == "alibi_dc":
+        extra = (torch.rand(hq, device="cuda", dtype=torch.float32),)
+    if args.system == "neptune":
+        spec = importlib.util.spec_from_file_location(args.op, HERE / "generated" / f"{args.op}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        fn = lambda: mod.forward(q, k, v, *extra)
+    elif args.system == "cudnn":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        def fn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                        enable_gqa=hq != hkv)
+    else:
+        import prefill_variants as pv
+        variant, bj, stages = args.system.split(":")
+        run = pv.launcher(variant, causal, dict(BLOCK_I=128, BLOCK_J=int(bj), num_warps=8,
+                                               num_stages=int(stages)), 2 if causal else 0)
+        fn = lambda: run(q, k, v)
+    torch.cuda.synchronize()
+    for _ in range(args.calls):
+        fn()
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
