@@ -116,7 +116,9 @@ def attn_ptr(q_ptr, k_ptr, v_ptr, o_ptr, s_b, s_h, s_s, H, S, scale2,
 @triton.jit
 def attn_tma(q_desc, k_desc, v_desc, o_desc, H, S, scale2,
              D: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, CAUSAL: tl.constexpr,
-             WARP_SPECIALIZE: tl.constexpr, ORDER: tl.constexpr):
+             WARP_SPECIALIZE: tl.constexpr, NEXT_FIRST: tl.constexpr, ORDER: tl.constexpr):
+    """With NEXT_FIRST the scores of the next key block are issued before the softmax of this one, so the
+    matrix unit could work while the exponentials run."""
     row, b, h = _program(H, S, BLOCK_I, ORDER)
     i0 = row * BLOCK_I
     q = q_desc.load([b, h, i0, 0]).reshape(BLOCK_I, D)
@@ -124,46 +126,24 @@ def attn_tma(q_desc, k_desc, v_desc, o_desc, H, S, scale2,
     l = tl.zeros([BLOCK_I], tl.float32)
     acc = tl.zeros([BLOCK_I, D], tl.float32)
     full_hi = i0 if CAUSAL else S
-    for start in tl.range(0, full_hi, BLOCK_J, warp_specialize=WARP_SPECIALIZE):
-        k = k_desc.load([b, h, start, 0]).reshape(BLOCK_J, D)
-        v = v_desc.load([b, h, start, 0]).reshape(BLOCK_J, D)
-        m, l, acc = _tile(q, k.T, v, m, l, acc, scale2, None, False, True)
+    if NEXT_FIRST:
+        if full_hi > 0:
+            s = tl.dot(q, k_desc.load([b, h, 0, 0]).reshape(BLOCK_J, D).T)
+            for start in range(BLOCK_J, full_hi, BLOCK_J):
+                v = v_desc.load([b, h, start - BLOCK_J, 0]).reshape(BLOCK_J, D)
+                s_next = tl.dot(q, k_desc.load([b, h, start, 0]).reshape(BLOCK_J, D).T)
+                m, l, acc = _update(s, v, m, l, acc, scale2, True)
+                s = s_next
+            v = v_desc.load([b, h, full_hi - BLOCK_J, 0]).reshape(BLOCK_J, D)
+            m, l, acc = _update(s, v, m, l, acc, scale2, True)
+    else:
+        for start in tl.range(0, full_hi, BLOCK_J, warp_specialize=WARP_SPECIALIZE):
+            k = k_desc.load([b, h, start, 0]).reshape(BLOCK_J, D)
+            v = v_desc.load([b, h, start, 0]).reshape(BLOCK_J, D)
+            m, l, acc = _tile(q, k.T, v, m, l, acc, scale2, None, False, True)
     if CAUSAL:
         offs_i = i0 + tl.arange(0, BLOCK_I)
         for start in tl.range(i0, i0 + BLOCK_I, BLOCK_J, warp_specialize=WARP_SPECIALIZE):
-            k = k_desc.load([b, h, start, 0]).reshape(BLOCK_J, D)
-            v = v_desc.load([b, h, start, 0]).reshape(BLOCK_J, D)
-            keep = offs_i[:, None] >= (start + tl.arange(0, BLOCK_J))[None, :]
-            m, l, acc = _tile(q, k.T, v, m, l, acc, scale2, keep, True, True)
-    out = acc / tl.where(l == 0, 1.0, l)[:, None]
-    o_desc.store([b, h, i0, 0], out.to(tl.float16).reshape(1, 1, BLOCK_I, D))
-
-
-@triton.jit
-def attn_tma_pp(q_desc, k_desc, v_desc, o_desc, H, S, scale2,
-                D: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, CAUSAL: tl.constexpr,
-                WARP_SPECIALIZE: tl.constexpr, ORDER: tl.constexpr):
-    """tma, with the scores of the next key block issued before the softmax of this one, so the matrix
-    unit can work while the exponentials run."""
-    row, b, h = _program(H, S, BLOCK_I, ORDER)
-    i0 = row * BLOCK_I
-    q = q_desc.load([b, h, i0, 0]).reshape(BLOCK_I, D)
-    m = tl.full([BLOCK_I], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_I], tl.float32)
-    acc = tl.zeros([BLOCK_I, D], tl.float32)
-    full_hi = i0 if CAUSAL else S
-    if full_hi > 0:
-        s = tl.dot(q, k_desc.load([b, h, 0, 0]).reshape(BLOCK_J, D).T)
-        for start in range(BLOCK_J, full_hi, BLOCK_J):
-            v = v_desc.load([b, h, start - BLOCK_J, 0]).reshape(BLOCK_J, D)
-            s_next = tl.dot(q, k_desc.load([b, h, start, 0]).reshape(BLOCK_J, D).T)
-            m, l, acc = _update(s, v, m, l, acc, scale2, True)
-            s = s_next
-        v = v_desc.load([b, h, full_hi - BLOCK_J, 0]).reshape(BLOCK_J, D)
-        m, l, acc = _update(s, v, m, l, acc, scale2, True)
-    if CAUSAL:
-        offs_i = i0 + tl.arange(0, BLOCK_I)
-        for start in range(i0, i0 + BLOCK_I, BLOCK_J):
             k = k_desc.load([b, h, start, 0]).reshape(BLOCK_J, D)
             v = v_desc.load([b, h, start, 0]).reshape(BLOCK_J, D)
             keep = offs_i[:, None] >= (start + tl.arange(0, BLOCK_J))[None, :]
@@ -198,9 +178,8 @@ def launcher(variant, causal, cfg, order):
         B, H, S, D = q.shape
         dq, do = (TensorDescriptor.from_tensor(t, [1, 1, bi, D]) for t in (q, o))
         dk, dv = (TensorDescriptor.from_tensor(t, [1, 1, bj, D]) for t in (k, v))
-        kernel = attn_tma_pp if variant == "pp" else attn_tma
-        kernel[grid(B, S)](dq, dk, dv, do, H, S, scale2, D=D, BLOCK_I=bi, BLOCK_J=bj, CAUSAL=causal,
-                           WARP_SPECIALIZE=variant == "ws", ORDER=order, **cfg)
+        attn_tma[grid(B, S)](dq, dk, dv, do, H, S, scale2, D=D, BLOCK_I=bi, BLOCK_J=bj, CAUSAL=causal,
+                             WARP_SPECIALIZE=variant == "ws", NEXT_FIRST=variant == "pp", ORDER=order, **cfg)
         return o
     return run
 

@@ -237,6 +237,8 @@ class KernelWriter:
         axis (the block then starts at that tile's start and runs its block size; the copy engine fills what
         lies past the tensor's end with zeros, as the masked pointer load does); None otherwise."""
         coords, blocks, natural = [], [], []
+        if not t.args:   # a scalar input: nothing to read in blocks
+            return None
         for idx in t.args:
             iv = self.emit(idx)
             if not iv.axes:
