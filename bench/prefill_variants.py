@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sweep_configs import load
+
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:   # older Triton: the tma and ws variants report an error
@@ -186,13 +188,7 @@ def launcher(variant, causal, cfg, order):
 
 def load_generated(op):
     path = Path(__file__).resolve().parent / "generated" / f"{op}.py"
-    if not path.exists():
-        return None
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(op, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.forward
+    return load(path).forward if path.exists() else None
 
 
 def cudnn(causal):

@@ -8,14 +8,13 @@ causal prefill the variants of bench/prefill_variants.py, written VARIANT:BLOCK_
 Imports only torch and triton.
 """
 import argparse
-import importlib.util
 from pathlib import Path
 
 import torch
 
+from sweep_configs import HEADS, load
+
 HERE = Path(__file__).resolve().parent
-HEADS = {"global_pf": (32, 32), "causal_pf": (32, 32), "gqa_pf": (64, 8), "causal_dc": (32, 32),
-         "gqa_dc": (64, 8), "softcap_dc": (32, 16), "alibi_dc": (32, 32)}
 
 
 def main():
@@ -34,9 +33,7 @@ def main():
     if args.op == "alibi_dc":
         extra = (torch.rand(hq, device="cuda", dtype=torch.float32),)
     if args.system == "neptune":
-        spec = importlib.util.spec_from_file_location(args.op, HERE / "generated" / f"{args.op}.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        mod = load(HERE / "generated" / f"{args.op}.py")
         fn = lambda: mod.forward(q, k, v, *extra)
     elif args.system == "cudnn":
         from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -60,7 +60,7 @@ class _Recording:
         template = list(args) + list(constexprs)
         tensors = []
         for pos, a in enumerate(args):
-            described = TensorDescriptor is not None and isinstance(a, TensorDescriptor)
+            described = _is_descriptor(a)
             if described or isinstance(a, torch.Tensor):
                 base = a.base if described else a
                 slot = next(n for n, b in enumerate(self.buffers) if b is base)
@@ -78,8 +78,10 @@ class _Recording:
                                    for ticket, s, d in allocs]
             for compiled, grid, template, tensors in launches:
                 args = template.copy()
-                for pos, slot, block in tensors:
-                    args[pos] = bufs[slot] if block is None else _descriptor(bufs[slot], block)
+                for pos, slot, block in tensors:   # same signature: the recorded layout takes a descriptor
+                    buf = bufs[slot]
+                    args[pos] = (buf if block is None
+                                 else TensorDescriptor(buf, list(buf.shape), list(buf.stride()), block))
                 _run(compiled, grid, stream, args)
             return bufs[out_slot]
         return replay
@@ -129,6 +131,10 @@ def _descriptor(x, block):
     return TensorDescriptor(x, list(x.shape), list(x.stride()), block)
 
 
+def _is_descriptor(a):
+    return TensorDescriptor is not None and isinstance(a, TensorDescriptor)
+
+
 def _specialization(a):
     """What Triton specializes a kernel argument on: dtypes, 16-byte alignment, ints equal to 1, divisible by 16
     or beyond 32 bits, a descriptor's block shape."""
@@ -136,7 +142,7 @@ def _specialization(a):
         return a == 1, a % 16 == 0, -2**31 <= a < 2**31
     if a is None or isinstance(a, float):
         return a
-    if TensorDescriptor is not None and isinstance(a, TensorDescriptor):
+    if _is_descriptor(a):
         return a.base.dtype, tuple(a.block_shape)
     return a.dtype, a.data_ptr() % 16 == 0
 

@@ -80,7 +80,6 @@ def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, c
     w.tma = not tile   # a tile function takes no descriptors: the kernels that call it hold pointers only
     spec, loop, row = sched.spec, sched.loop, sched.row
     head: list[str] = []
-    w.row_order = False
     if row and not tile:
         b = _bounds(w, sched.reductions) if loop else None
         if b is not None and b.work_grows and not partials:
