@@ -348,6 +348,25 @@ def bench_shape(rows, op, B, S, systems, module=None, module_error=None, device=
                          **row, flops=flops, bytes=nbytes, checked=checked))
         print_row(rows[-1])
         free(device)
+    if op.mode == "decode" and device == "cuda" and timer is not None:
+        rows.append(same_bytes_copy(op, B, S, nbytes, timer))
+        print(f"{op.name:11s} B{B:<3d} S{S:<6d} {COPY_ROW:13s} {rows[-1]['ms']:9.4f} ms {rows[-1]['gbs']:8.1f} GB/s",
+              flush=True)
+        free(device)
+
+
+COPY_ROW = "same_bytes_copy"   # not a system: the copy ceiling of a decode shape, timed like the systems
+
+
+def same_bytes_copy(op, B, S, nbytes, timer):
+    """A device-to-device copy moving the decode shape's bytes (half read, half written), timed by the same timer:
+    the ceiling at this size, where the timer's cache flush before every call weighs as much as on the op."""
+    src = torch.empty(nbytes // 4, device="cuda", dtype=torch.float16).normal_()
+    dst = torch.empty_like(src)
+    ms = timer(lambda: dst.copy_(src))
+    return dict(op=op.name, mode=op.mode, B=B, Hq=op.hq, Hkv=op.hkv, Sq=1, Skv=S, system=COPY_ROW, status="ok",
+                ms=ms, tflops=None, gbs=nbytes / ms / 1e6, max_err=None, first_call_s=None, error=None,
+                flops=0, bytes=nbytes, checked="")
 
 
 def print_row(r):
@@ -506,6 +525,12 @@ def markdown(results):
                       if key[3] == longest and by_shape[key].get("neptune", {}).get("status") == "ok"]
             lines += [f"Device copy bandwidth (1 GiB device to device, read + write): {copy:.0f} GB/s. "
                       f"neptune at KV = {longest}: " + ", ".join(shares) + " of it.", ""]
+            same = [f"{key[1]} B{key[2]} KV {key[3]}: {metric(g['neptune']) / metric(g[COPY_ROW]):.0%} "
+                    f"(copy {metric(g[COPY_ROW]):.0f} GB/s)" for key in keys for g in [by_shape[key]]
+                    if COPY_ROW in g and g.get("neptune", {}).get("status") == "ok"]
+            if same:
+                lines += ["A copy of the same bytes (half read, half written), timed the same way, carries the "
+                          "timer's cache flush too; neptune's share of it: " + ", ".join(same) + ".", ""]
     lines += ["## Geomean", ""]
     for mode, s in results["summary"].items():
         bc, cu = s["neptune_over_best_compiler"], s["neptune_over_cudnn"]

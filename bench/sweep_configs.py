@@ -10,6 +10,7 @@ A call with a config replays its recorded launches like a plain call, so short k
 import argparse
 import importlib.util
 import itertools
+import json
 import math
 from pathlib import Path
 
@@ -21,8 +22,18 @@ HEADS = {"global_pf": (32, 32), "causal_pf": (32, 32), "gqa_pf": (64, 8), "alibi
          "alibi_dc": (32, 32), "softcap_dc": (32, 16)}
 PREFILL_GRID = [dict(BLOCK_I=bm, BLOCK_J=bn, num_warps=w, num_stages=s)
                 for bm, bn, w, s in itertools.product((64, 128), (64, 128), (4, 8), (2, 3))]
-DECODE_GRID = [dict(BLOCK_J=bn, num_warps=w, num_stages=s, CHUNKS=c)
-               for bn, w, s, c in itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4, 5), (0, 66, 132, 264))]
+# decode: chunk counts per tile that put about 1, 2, 3 or 4 programs on each SM (0: the launcher's own count)
+PROGRAMS_PER_SM = (0, 1, 2, 3, 4)
+DECODE_GRID = [dict(BLOCK_J=bn, num_warps=w, num_stages=s, USE_TMA=tma, programs_per_sm=p)
+               for bn, w, s, tma, p in itertools.product((32, 64, 128), (4, 8), (2, 3, 4), (0, 1), PROGRAMS_PER_SM)]
+
+
+def decode_config(grid_entry: dict, tiles: int, sms: int) -> dict:
+    """A decode grid entry as a module config: programs per SM become a chunk count per (batch, kv head) tile."""
+    cfg = dict(grid_entry)
+    per_sm = cfg.pop("programs_per_sm")
+    cfg["CHUNKS"] = -(-per_sm * sms // tiles) if per_sm else 0
+    return cfg
 
 
 def load(path: Path):
@@ -39,7 +50,9 @@ def main() -> None:
     ap.add_argument("--kv", default="32768")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--modules", default="bench/generated")
+    ap.add_argument("--json", help="also write every config's time here")
     args = ap.parse_args()
+    everything = []
     for op in args.ops.split(","):
         mod = load(Path(args.modules) / f"{op}.py")
         hq, hkv = HEADS[op]
@@ -52,6 +65,9 @@ def main() -> None:
             v = torch.randn_like(k)
             extra = [torch.rand(hq, device="cuda")] if op.startswith("alibi") else []
             times = []
+            if decode:   # one tile per batch entry and kv head (GQA packs a group's query heads into its rows)
+                sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+                grid = [decode_config(c, B * hkv, sms) for c in DECODE_GRID]
             for cfg in grid:
                 try:
                     ms = triton.testing.do_bench(lambda: mod.forward(q, k, v, *extra, config=cfg), warmup=10, rep=40)
@@ -69,6 +85,11 @@ def main() -> None:
                   f"default {default_ms:.3f} ms {rate(default_ms)}", flush=True)
             for ms, cfg in times[:6]:
                 print(f"    {ms:8.3f} ms {rate(ms)} {cfg}")
+            everything += [{"op": op, "B": B, "S": S, "ms": ms if math.isfinite(ms) else None, "config": cfg}
+                           for ms, cfg in times]
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                               "triton": triton.__version__, "times": everything}, indent=1))
 
 
 if __name__ == "__main__":
