@@ -586,17 +586,22 @@ def write_results(results, out_dir, plot_png):
 
 
 def merge(dirs, out_dir):
-    """One result out of runs on the same GPU model: rows joined, geomeans over all of them."""
+    """One result out of runs on the same GPU model: rows joined, geomeans over all of them. A shape measured
+    again in a later run takes all its rows from that run, so the systems of a shape are always compared within
+    one run; the device fields (copy bandwidth among them) are the last run's."""
     runs = [json.loads((Path(d) / "results.json").read_text()) for d in dirs]
     gpus = {r["device"].get("device") for r in runs}
     if len(gpus) != 1:
         sys.exit(f"--merge: the runs were made on different GPUs ({', '.join(map(str, gpus))})")
-    merged = dict(device={**runs[0]["device"], "merged_from": [str(d) for d in dirs],
+    merged = dict(device={**runs[-1]["device"], "merged_from": [str(d) for d in dirs],
                           "dates": [r["device"].get("date") for r in runs]},
-                  config=runs[0]["config"], modules={}, skipped=[], errors=[], rows=[], summary={})
-    for r in runs:
-        for key in ("skipped", "errors", "rows"):
-            merged[key] += r[key]
+                  config=runs[-1]["config"], modules={}, skipped=[], errors=[], rows=[], summary={})
+    shape = lambda r: (r["mode"], r["op"], r["B"], r["Skv"])   # noqa: E731
+    for n, r in enumerate(runs):
+        later = {shape(x) for x in sum((run["rows"] for run in runs[n + 1:]), [])}
+        merged["rows"] += [x for x in r["rows"] if shape(x) not in later]
+        merged["skipped"] += r["skipped"]
+        merged["errors"] += r["errors"]
         merged["modules"].update(r["modules"])
     merged["summary"] = summary(merged["rows"])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -809,9 +814,14 @@ def selfcheck():
         saved = json.loads((Path(tmp) / "out" / "results.json").read_text())
         assert len(saved["rows"]) == len(results["rows"])
         assert "| global_pf | 1 | 64 |" in (Path(tmp) / "out" / "results.md").read_text()
-        merge([Path(tmp) / "out", Path(tmp) / "out"], Path(tmp) / "merged")
+        # a later run replaces the rows of the shapes it measured again, and adds the others
+        later = dict(saved, rows=[dict(r, ms=7.5) for r in saved["rows"] if r["op"] == "global_pf"])
+        (Path(tmp) / "later").mkdir()
+        (Path(tmp) / "later" / "results.json").write_text(json.dumps(later))
+        merge([Path(tmp) / "out", Path(tmp) / "later"], Path(tmp) / "merged")
         joined = json.loads((Path(tmp) / "merged" / "results.json").read_text())
-        assert len(joined["rows"]) == 2 * len(results["rows"])
+        assert len(joined["rows"]) == len(results["rows"])
+        assert all((r["ms"] == 7.5) == (r["op"] == "global_pf") for r in joined["rows"] if r["ms"] is not None)
         assert joined["summary"]["all"]["neptune_over_best_compiler"]["n"] == 0   # no compiler ran here
     print("selfcheck: run loop, WRONG/FAIL/skip handling, results.json and results.md ok")
     print("selfcheck passed")
