@@ -8,6 +8,7 @@ causal prefill the variants of bench/prefill_variants.py, written VARIANT:BLOCK_
 Imports only torch and triton.
 """
 import argparse
+import json
 from pathlib import Path
 
 import torch
@@ -23,6 +24,8 @@ def main():
     ap.add_argument("system")
     ap.add_argument("--seq", type=int, default=16384)
     ap.add_argument("--calls", type=int, default=6)
+    ap.add_argument("--config", type=json.loads, default=None,
+                    help='neptune: config entries to override, as JSON (e.g. \'{"USE_TMA": 1}\')')
     args = ap.parse_args()
     hq, hkv = HEADS[args.op]
     decode = args.op.endswith("_dc")
@@ -34,7 +37,7 @@ def main():
         extra = (torch.rand(hq, device="cuda", dtype=torch.float32),)
     if args.system == "neptune":
         mod = load(HERE / "generated" / f"{args.op}.py")
-        fn = lambda: mod.forward(q, k, v, *extra)
+        fn = lambda: mod.forward(q, k, v, *extra, config=args.config)
     elif args.system == "cudnn":
         from torch.nn.attention import SDPBackend, sdpa_kernel
         def fn():
