@@ -203,9 +203,10 @@ def tune(forward, inputs: list, config: dict, budget: float = BUDGET_SECONDS, me
 
 def confirm(forward, inputs: list, tried: list, measure, finalists: int = 3, rounds: int = 2):
     """(config, ms, default's ms): the search's fastest few and the default timed again, in turns, for `rounds`
-    rounds; each keeps the median of its times (the search's and these). One timing of a short kernel moves by a few percent between
-    calls, so the single fastest of many timings is partly luck; taking turns also spreads slow drifts of the
-    clock over all finalists alike."""
+    rounds; each keeps the median of its times (the search's and these). One timing of a short kernel moves by
+    a few percent between calls, so the single fastest of many timings is partly luck; taking turns also spreads
+    slow drifts of the clock over all finalists alike. The finalists are compiled already, so this adds
+    (finalists + 1) x rounds timings, a second or two, to the search's budget."""
     ranked = sorted((t for t in tried[1:] if math.isfinite(t[1])), key=lambda t: t[1])[:finalists]
     pool = [tried[0]] + [t for t in ranked if t[0] != tried[0][0]]
     if len(pool) == 1:
