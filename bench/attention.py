@@ -302,13 +302,14 @@ def cuda_timer(warmup_ms, rep_ms):
 
 
 def run_system(name, case, refs, flops, nbytes, timer):
-    """One measurement row (without the shape fields), or None where the system cannot express the op."""
+    """(one measurement row without the shape fields, the timed call where its output was right), or (None, None)
+    where the system cannot express the op."""
     row = dict(status="failed", ms=None, tflops=None, gbs=None, max_err=None, first_call_s=None, error=None)
     stage = "build"
     try:
         fn = BUILDERS[name](case)
         if fn is None:
-            return None
+            return None, None
         stage = "first call"
         t0 = time.perf_counter()
         out = fn()
@@ -319,16 +320,17 @@ def run_system(name, case, refs, flops, nbytes, timer):
         del out
         row["max_err"] = err if err is None or math.isfinite(err) else str(err)
         if wrong:
-            return dict(row, status="wrong", error=wrong)
+            return dict(row, status="wrong", error=wrong), None
         stage = "timing"
         ms = timer(fn)
-        return dict(row, status="ok", ms=ms, tflops=flops / ms / 1e9, gbs=nbytes / ms / 1e6)
+        return dict(row, status="ok", ms=ms, tflops=flops / ms / 1e9, gbs=nbytes / ms / 1e6), fn
     except Exception as e:  # OOM, unsupported, compile errors: report and go on
-        return dict(row, error=f"{stage}: {short(e)}")
+        return dict(row, error=f"{stage}: {short(e)}"), None
 
 
-def bench_shape(rows, op, B, S, systems, module=None, module_error=None, device="cuda", timer=None):
-    """Every system on one op and shape (prefill: Sq = Skv = S; decode: Sq = 1, Skv = S); appends to rows."""
+def bench_shape(rows, op, B, S, systems, module=None, module_error=None, device="cuda", timer=None, rounds=1):
+    """Every system on one op and shape (prefill: Sq = Skv = S; decode: Sq = 1, Skv = S); appends to rows. With
+    rounds > 1 the systems that ran correctly are timed again, in turns, and each row keeps the median."""
     Sq = S if op.mode == "prefill" else 1
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -340,19 +342,40 @@ def bench_shape(rows, op, B, S, systems, module=None, module_error=None, device=
     refs = reference(op, q, k, v, case.slopes, targets)
     checked = "all" if len(targets) == B * op.hq else f"{len(targets)} of {B * op.hq} (b,h): {targets}"
     flops, nbytes = work(op, B, Sq, S)
+    timed = []   # (row, call) of every correct timing, for the further rounds
     for name in systems:
-        row = run_system(name, case, refs, flops, nbytes, timer)
+        row, fn = run_system(name, case, refs, flops, nbytes, timer)
         if row is None:
             continue
         rows.append(dict(op=op.name, mode=op.mode, B=B, Hq=op.hq, Hkv=op.hkv, Sq=Sq, Skv=S, system=name,
                          **row, flops=flops, bytes=nbytes, checked=checked))
         print_row(rows[-1])
+        if fn is not None and rounds > 1:
+            timed.append((rows[-1], fn))
         free(device)
     if op.mode == "decode" and device == "cuda" and timer is not None:
-        rows.append(same_bytes_copy(op, B, S, nbytes, timer))
-        print(f"{op.name:11s} B{B:<3d} S{S:<6d} {COPY_ROW:13s} {rows[-1]['ms']:9.4f} ms {rows[-1]['gbs']:8.1f} GB/s",
-              flush=True)
+        row, fn = same_bytes_copy(op, B, S, nbytes, timer)
+        rows.append(row)
+        timed.append((row, fn))
+        print_row(row)
         free(device)
+    if rounds > 1 and timed:
+        again_in_turns(timed, rounds, timer)
+
+
+def again_in_turns(timed, rounds, timer):
+    """Time every (row, call) rounds - 1 more times, taking turns, so a drift of the clock or a noisy neighbour
+    weighs on all systems alike; each row keeps its timings and their median."""
+    for row, _ in timed:
+        row["round_ms"] = [row["ms"]]
+    for _ in range(rounds - 1):
+        for row, fn in timed:
+            row["round_ms"].append(timer(fn))
+    print(f"  median of {rounds} rounds in turns:")
+    for row, _ in timed:
+        ms = sorted(row["round_ms"])[len(row["round_ms"]) // 2]
+        row.update(ms=ms, gbs=row["bytes"] / ms / 1e6, tflops=row["flops"] / ms / 1e9 if row["flops"] else None)
+        print_row(row)
 
 
 COPY_ROW = "same_bytes_copy"   # not a system: the copy ceiling of a decode shape, timed like the systems
@@ -363,16 +386,19 @@ def same_bytes_copy(op, B, S, nbytes, timer):
     the ceiling at this size, where the timer's cache flush before every call weighs as much as on the op."""
     src = torch.empty(nbytes // 4, device="cuda", dtype=torch.float16).normal_()
     dst = torch.empty_like(src)
-    ms = timer(lambda: dst.copy_(src))
+    def copy():
+        return dst.copy_(src)
+    ms = timer(copy)
     return dict(op=op.name, mode=op.mode, B=B, Hq=op.hq, Hkv=op.hkv, Sq=1, Skv=S, system=COPY_ROW, status="ok",
                 ms=ms, tflops=None, gbs=nbytes / ms / 1e6, max_err=None, first_call_s=None, error=None,
-                flops=0, bytes=nbytes, checked="")
+                flops=0, bytes=nbytes, checked=""), copy
 
 
 def print_row(r):
     head = f"{r['op']:11s} B{r['B']:<3d} S{r['Skv']:<6d} {r['system']:13s}"
     if r["status"] == "ok":
-        print(f"{head} {r['ms']:9.4f} ms {metric(r):8.1f} {UNITS[r['mode']]:7s} err {r['max_err']:.1e}", flush=True)
+        err = f" err {r['max_err']:.1e}" if isinstance(r["max_err"], float) else ""
+        print(f"{head} {r['ms']:9.4f} ms {metric(r):8.1f} {UNITS[r['mode']]:7s}{err}", flush=True)
     else:
         print(f"{head} {r['status'].upper()}: {r['error']}", flush=True)
 
@@ -437,7 +463,8 @@ def run_all(args, device="cuda", timer=None, info=None):
             results["modules"][name] = meta
         for B, S in shapes(args, op):
             try:
-                bench_shape(results["rows"], op, B, S, args.systems, module, module_error, device, timer)
+                bench_shape(results["rows"], op, B, S, args.systems, module, module_error, device, timer,
+                            getattr(args, "rounds", 1))
             except Exception as e:  # inputs or reference did not fit, or the device is in a bad state
                 print(f"{name} B{B} S{S}: setup failed: {short(e)}", flush=True)
                 results["errors"].append(dict(op=name, B=B, S=S, error=short(e)))
@@ -666,6 +693,8 @@ def parse_args(argv=None):
     p.add_argument("--systems", type=name_list(SYSTEMS), default=DEFAULT_SYSTEMS,
                    help=f"comma list from {','.join(SYSTEMS)} (default all but eager)")
     p.add_argument("--quick", action="store_true", help="short timing, smallest default shapes")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time each shape's systems this many times, in turns, and keep the medians (default 1)")
     p.add_argument("--selfcheck", action="store_true", help="CPU checks of the reference and the accounting, then exit")
     p.add_argument("--merge", nargs="+", metavar="DIR", help="join earlier runs' results.json (one GPU) into --out, "
                    "for a suite split over several runs; measures nothing")
@@ -798,8 +827,13 @@ def selfcheck():
         (Path(tmp) / "softcap_dc.py").write_text("def forward(q, k, v):\n    raise RuntimeError('boom')\n")
         args = parse_args(["--ops", "global_pf,causal_pf,alibi_pf,causal_dc,softcap_dc", "--seqs", "64",
                            "--kv", "96", "--modules", tmp, "--out", str(Path(tmp) / "out"),
-                           "--systems", "neptune,eager,sdpa_cudnn"])
-        results = run_all(args, "cpu", timer=lambda fn: 1.0, info=dict(device="cpu"))
+                           "--systems", "neptune,eager,sdpa_cudnn", "--rounds", "3"])
+        calls = {}
+
+        def timer(fn):   # every call's second timing is an outlier the median must drop
+            calls[fn] = calls.get(fn, 0) + 1
+            return 9.0 if calls[fn] == 2 else 1.0
+        results = run_all(args, "cpu", timer=timer, info=dict(device="cpu"))
         status = {(r["op"], r["system"]): r["status"] for r in results["rows"]}
         assert status == {("global_pf", "neptune"): "ok", ("global_pf", "eager"): "ok",
                           ("global_pf", "sdpa_cudnn"): "failed", ("causal_pf", "neptune"): "wrong",
@@ -808,6 +842,8 @@ def selfcheck():
                           ("causal_dc", "sdpa_cudnn"): "failed", ("softcap_dc", "neptune"): "failed",
                           ("softcap_dc", "eager"): "ok"}, status
         assert [s["op"] for s in results["skipped"]] == ["alibi_pf"]
+        timed = [r for r in results["rows"] if r["status"] == "ok"]
+        assert all(len(r["round_ms"]) == 3 and r["ms"] == 1.0 for r in timed), timed   # medians, not the 9 ms
         assert results["modules"]["global_pf"]["NAME"] == "stand-in"
         row = next(r for r in results["rows"] if r["op"] == "global_pf" and r["system"] == "neptune")
         assert row["flops"] == 4 * 32 * 64 * 64 * 128 and abs(row["tflops"] - row["flops"] / 1e9) < 1e-9
