@@ -5,6 +5,9 @@ process on the GPU:
     ptr   pointer loads (as emitted today), scores scaled once per element before the max
     fma   pointer loads; max taken on the raw scores, scale folded into the exp2 argument (one FMA per element)
     tma   fma, with Q/K/V/O moved through tensor descriptors (the copy engine)
+    tma_nofma     tma with the scores scaled before the max (as emitted)
+    tma_ptrstore  tma with the output stored through a pointer (as emitted)
+    tmaload       both: Q/K/V through descriptors, scaled scores, pointer store (the emitted kernel's shape)
     ws    tma, with the key loop warp-specialized (producer warps load, consumer warps compute)
     pp    tma, with the next block's scores issued before this block's softmax
 
@@ -116,9 +119,10 @@ def attn_ptr(q_ptr, k_ptr, v_ptr, o_ptr, s_b, s_h, s_s, H, S, scale2,
 
 
 @triton.jit
-def attn_tma(q_desc, k_desc, v_desc, o_desc, H, S, scale2,
+def attn_tma(q_desc, k_desc, v_desc, o_desc, o_ptr, s_b, s_h, s_s, H, S, scale2,
              D: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, CAUSAL: tl.constexpr,
-             WARP_SPECIALIZE: tl.constexpr, NEXT_FIRST: tl.constexpr, ORDER: tl.constexpr):
+             WARP_SPECIALIZE: tl.constexpr, NEXT_FIRST: tl.constexpr, ORDER: tl.constexpr,
+             FMA: tl.constexpr, STORE_TMA: tl.constexpr):
     """With NEXT_FIRST the scores of the next key block are issued before the softmax of this one, so the
     matrix unit could work while the exponentials run."""
     row, b, h = _program(H, S, BLOCK_I, ORDER)
@@ -142,16 +146,21 @@ def attn_tma(q_desc, k_desc, v_desc, o_desc, H, S, scale2,
         for start in tl.range(0, full_hi, BLOCK_J, warp_specialize=WARP_SPECIALIZE):
             k = k_desc.load([b, h, start, 0]).reshape(BLOCK_J, D)
             v = v_desc.load([b, h, start, 0]).reshape(BLOCK_J, D)
-            m, l, acc = _tile(q, k.T, v, m, l, acc, scale2, None, False, True)
+            m, l, acc = _tile(q, k.T, v, m, l, acc, scale2, None, False, FMA)
     if CAUSAL:
         offs_i = i0 + tl.arange(0, BLOCK_I)
         for start in tl.range(i0, i0 + BLOCK_I, BLOCK_J, warp_specialize=WARP_SPECIALIZE):
             k = k_desc.load([b, h, start, 0]).reshape(BLOCK_J, D)
             v = v_desc.load([b, h, start, 0]).reshape(BLOCK_J, D)
             keep = offs_i[:, None] >= (start + tl.arange(0, BLOCK_J))[None, :]
-            m, l, acc = _tile(q, k.T, v, m, l, acc, scale2, keep, True, True)
+            m, l, acc = _tile(q, k.T, v, m, l, acc, scale2, keep, True, FMA)
     out = acc / tl.where(l == 0, 1.0, l)[:, None]
-    o_desc.store([b, h, i0, 0], out.to(tl.float16).reshape(1, 1, BLOCK_I, D))
+    if STORE_TMA:
+        o_desc.store([b, h, i0, 0], out.to(tl.float16).reshape(1, 1, BLOCK_I, D))
+    else:
+        offs_i = i0 + tl.arange(0, BLOCK_I)
+        base = b.to(tl.int64) * s_b + h.to(tl.int64) * s_h
+        tl.store(o_ptr + base + offs_i[:, None] * s_s + tl.arange(0, D)[None, :], out.to(o_ptr.dtype.element_ty))
 
 
 def launcher(variant, causal, cfg, order):
@@ -180,8 +189,10 @@ def launcher(variant, causal, cfg, order):
         B, H, S, D = q.shape
         dq, do = (TensorDescriptor.from_tensor(t, [1, 1, bi, D]) for t in (q, o))
         dk, dv = (TensorDescriptor.from_tensor(t, [1, 1, bj, D]) for t in (k, v))
-        attn_tma[grid(B, S)](dq, dk, dv, do, H, S, scale2, D=D, BLOCK_I=bi, BLOCK_J=bj, CAUSAL=causal,
-                             WARP_SPECIALIZE=variant == "ws", NEXT_FIRST=variant == "pp", ORDER=order, **cfg)
+        attn_tma[grid(B, S)](dq, dk, dv, do, o, *o.stride()[:3], H, S, scale2, D=D, BLOCK_I=bi, BLOCK_J=bj,
+                             CAUSAL=causal, WARP_SPECIALIZE=variant == "ws", NEXT_FIRST=variant == "pp", ORDER=order,
+                             FMA=variant not in ("tma_nofma", "tmaload"),
+                             STORE_TMA=variant not in ("tma_ptrstore", "tmaload"), **cfg)
         return o
     return run
 

@@ -233,14 +233,17 @@ class KernelWriter:
             return "start"
         return "i_lo" if a == self.row else "0"
 
-    def descriptor_load(self, t: Term, order: tuple[str, ...]) -> str | None:
-        """The load as a tensor-descriptor block read, when every index is a program-level value or one tile
-        axis (the block then starts at that tile's start and runs its block size; the copy engine fills what
-        lies past the tensor's end with zeros, as the masked pointer load does); None otherwise."""
+    def descriptor_block(self, name: str, index: tuple[Term, ...], order: tuple[str, ...],
+                         transposable: bool = True) -> tuple[str, list[str], list[str], bool] | None:
+        """(descriptor parameter, block start, block shape, transposed) for moving tensor `name` at `index` as one
+        block in the axis order `order`, when every index is a program-level value or one tile axis (the block
+        then starts at that tile's start and runs its block size); None otherwise. The copy engine fills what
+        lies past the tensor's end with zeros when reading and leaves it alone when writing, as the masked
+        pointer loads and stores do."""
         coords, blocks, natural = [], [], []
-        if not t.args:   # a scalar input: nothing to read in blocks
+        if not index:   # a scalar: nothing to move in blocks
             return None
-        for idx in t.args:
+        for idx in index:
             iv = self.emit(idx)
             if not iv.axes:
                 coords.append(iv.code)
@@ -252,13 +255,20 @@ class KernelWriter:
                 natural.append(a)
             else:
                 return None
-        if blocks[-1] == "1" or set(natural) != set(order) or (natural != list(order) and len(order) != 2):
-            return None   # the copy engine reads whole rows of the last dimension; 2-d tiles transpose
-        name = t.attrs[0]
+        transposed = natural != list(order)
+        if blocks[-1] == "1" or set(natural) != set(order) or (transposed and (len(order) != 2 or not transposable)):
+            return None   # the copy engine moves whole rows of the last dimension; 2-d tiles transpose
         param = self.descriptors.setdefault((name, tuple(blocks)), (f"{name}_desc{len(self.descriptors)}", name, blocks))[0]
-        shape = ", ".join(b for b in blocks if b != "1")
-        code = f"{param}.load([{', '.join(coords)}]).reshape({shape})"
-        return code + (".T" if natural != list(order) else "")
+        return param, coords, blocks, transposed
+
+    def descriptor_load(self, t: Term, order: tuple[str, ...]) -> str | None:
+        """The load as a tensor-descriptor block read (see descriptor_block), or None."""
+        found = self.descriptor_block(t.attrs[0], t.args, order)
+        if found is None:
+            return None
+        param, coords, blocks, transposed = found
+        code = f"{param}.load([{', '.join(coords)}]).reshape({', '.join(b for b in blocks if b != '1')})"
+        return code + (".T" if transposed else "")
 
     def ordered(self, t: Term, order: tuple[str, ...], prev: bool) -> Val:
         """t's tile in a given axis order (for dot operands)."""

@@ -238,7 +238,13 @@ def _store_output(w: KernelWriter, sched: Schedule, done: set) -> list[str]:
     checks = [w.expand(type(v)(f"valid_{a}", (a,), "bool"), out_tile) for a in out_tile if w.padded(a)]
     store = f"tl.store({ptr}, {value}.to({dt}){', mask=' + ' & '.join(checks) if checks else ''})"
     blk = w.ctx.body
-    w.blocks[blk].append(store)
+    found = w.descriptor_block("out", index, out_tile, transposable=False) if w.tma and not sched.writes_loop else None
+    if found is None:
+        w.blocks[blk].append(store)
+    else:   # the copy engine where the launcher could build the descriptor, a pointer store otherwise
+        param, coords, blocks, _ = found
+        w.blocks[blk] += ["if USE_TMA:", f"    {param}.store([{', '.join(coords)}], {value}.to({dt}).reshape({', '.join(blocks)}))",
+                          "else:", f"    {store}"]
     if sched.writes_loop:
         body += ["# write the output block by block"] + w.blocks["pre_out"]
         body += [f"for start in range(0, {w.ext(loop)}, {w.block(loop)}):"] + ["    " + x for x in w.blocks["write"]]

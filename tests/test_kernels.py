@@ -99,7 +99,7 @@ def _strided(x, step):
 
 @pytest.mark.parametrize("layout", ["contiguous", "heads_transposed", "last_dim_strided"])
 @pytest.mark.parametrize("name, sizes", [("causal_pf", {"B": 1, "S": 37}), ("gqa_dc", {"B": 1, "Q": 1, "SKV": 37})])
-def test_kernels_read_through_descriptors_where_the_layout_allows_and_pointers_otherwise(name, sizes, layout,
+def test_kernels_move_data_through_descriptors_where_the_layout_allows_and_pointers_otherwise(name, sizes, layout,
                                                                                           monkeypatch):
     path = str(SPECS / f"{name}.py")
     result, mod = compiled(path)
@@ -108,11 +108,14 @@ def test_kernels_read_through_descriptors_where_the_layout_allows_and_pointers_o
         inputs = {n: x.transpose(1, 2).contiguous().transpose(1, 2) for n, x in inputs.items()}
     elif layout == "last_dim_strided":
         inputs = {n: _strided(x, 2) for n, x in inputs.items()}
-    built = []
+    built = []   # (tensor, its descriptor or None)
     real = mod._descriptor
-    monkeypatch.setattr(mod, "_descriptor", lambda x, block: built.append(real(x, block)) or built[-1])
+    monkeypatch.setattr(mod, "_descriptor", lambda x, block: built.append((x, real(x, block))) or built[-1][1])
     assert_close(path, sizes, inputs=inputs)
-    assert built and all((d is None) == (layout == "last_dim_strided") for d in built)
+    read = [d for x, d in built if any(x is t for t in inputs.values())]
+    assert read and all((d is None) == (layout == "last_dim_strided") for d in read)
+    if name == "causal_pf":   # the output is a fresh tensor: its descriptor can always be built
+        assert [d is not None for x, d in built if not any(x is t for t in inputs.values())] == [True]
 
 
 @pytest.mark.parametrize("order", [0, 1, 2])
