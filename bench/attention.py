@@ -464,7 +464,7 @@ def run_all(args, device="cuda", timer=None, info=None):
         for B, S in shapes(args, op):
             try:
                 bench_shape(results["rows"], op, B, S, args.systems, module, module_error, device, timer,
-                            getattr(args, "rounds", 1))
+                            args.rounds)
             except Exception as e:  # inputs or reference did not fit, or the device is in a bad state
                 print(f"{name} B{B} S{S}: setup failed: {short(e)}", flush=True)
                 results["errors"].append(dict(op=name, B=B, S=S, error=short(e)))

@@ -17,11 +17,9 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import triton
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from sweep_configs import HEADS, load
+from sweep_configs import HEADS, cudnn_attention, load
 
 HERE = Path(__file__).resolve().parent
 FLUSH_BYTES = 256 * 2**20
@@ -82,11 +80,7 @@ def main():
             q = torch.randn(1, hq, 1, 128, device="cuda", dtype=torch.float16)
             k, v = (torch.randn(1, hkv, S, 128, device="cuda", dtype=torch.float16) for _ in range(2))
             gb = (2 * q.numel() + 2 * k.numel()) * 2 / 1e9
-
-            def cudnn():
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    return F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv)
-            for name, fn in (("neptune", lambda: mod.forward(q, k, v)), ("cudnn", cudnn)):
+            for name, fn in (("neptune", lambda: mod.forward(q, k, v)), ("cudnn", lambda: cudnn_attention(q, k, v))):
                 fn()
                 torch.cuda.synchronize()
                 ms = {"do_bench": triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"),

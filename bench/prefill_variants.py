@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sweep_configs import load
+from sweep_configs import cudnn_attention, load
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -203,11 +203,7 @@ def load_generated(op):
 
 
 def cudnn(causal):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    def run(q, k, v):
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return run
+    return lambda q, k, v: cudnn_attention(q, k, v, causal)
 
 
 def check(fn, q, k, v, causal):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from sweep_configs import HEADS, load
+from sweep_configs import HEADS, cudnn_attention, load
 
 HERE = Path(__file__).resolve().parent
 
@@ -39,11 +39,7 @@ def main():
         mod = load(HERE / "generated" / f"{args.op}.py")
         fn = lambda: mod.forward(q, k, v, *extra, config=args.config)
     elif args.system == "cudnn":
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        def fn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                                        enable_gqa=hq != hkv)
+        fn = lambda: cudnn_attention(q, k, v, causal)
     else:
         import prefill_variants as pv
         variant, bj, stages = args.system.split(":")

@@ -36,6 +36,14 @@ def decode_config(grid_entry: dict, tiles: int, sms: int) -> dict:
     return cfg
 
 
+def cudnn_attention(q, k, v, causal=False):
+    """SDPA through its cuDNN backend (grouped-query heads where K/V have fewer heads than Q)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                enable_gqa=q.shape[1] != k.shape[1])
+
+
 def load(path: Path):
     spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
@@ -57,7 +65,10 @@ def main() -> None:
         mod = load(Path(args.modules) / f"{op}.py")
         hq, hkv = HEADS[op]
         decode = op.endswith("_dc")
-        grid = DECODE_GRID if decode else PREFILL_GRID
+        grid = PREFILL_GRID
+        if decode:   # one tile per batch entry and kv head (GQA packs a group's query heads into its rows)
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            grid = [decode_config(c, args.batch * hkv, sms) for c in DECODE_GRID]
         B = args.batch
         for S in map(int, (args.kv if decode else args.seqs).split(",")):
             q = torch.randn(B, hq, 1 if decode else S, 128, device="cuda", dtype=torch.float16)
@@ -65,9 +76,6 @@ def main() -> None:
             v = torch.randn_like(k)
             extra = [torch.rand(hq, device="cuda")] if op.startswith("alibi") else []
             times = []
-            if decode:   # one tile per batch entry and kv head (GQA packs a group's query heads into its rows)
-                sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-                grid = [decode_config(c, B * hkv, sms) for c in DECODE_GRID]
             for cfg in grid:
                 try:
                     ms = triton.testing.do_bench(lambda: mod.forward(q, k, v, *extra, config=cfg), warmup=10, rep=40)

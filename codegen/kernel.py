@@ -70,8 +70,8 @@ class KernelWriter:
         self.ctx = Context("prologue", "prologue")
         self.n = 0
         self.masked_wheres = set(masks.mask_wheres(sched.term, self.loop)) if self.loop else set()
-        self.tma = False                   # may loads go through tensor descriptors (see descriptor_load)
-        self.descriptors: dict[tuple, tuple[str, str, list[str]]] = {}   # (input, blocks) -> (param, input, blocks)
+        self.tma = False                   # may tiles move through tensor descriptors (see descriptor_block)
+        self.descriptors: dict[tuple, tuple[str, str, list[str]]] = {}   # (tensor, blocks) -> (param, tensor, blocks)
         self.row_order = False             # does the kernel take ROW_ORDER (see module.kernel_source)
         self.dims = sorted({t.attrs[0] for t in ir.walk(sched.term) if t.op == "dim"} |
                            {e.name for e in self._extents() if not isinstance(e, int)})

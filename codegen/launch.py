@@ -13,7 +13,7 @@ import triton
 # ---- copied into every generated module from here on
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:   # a Triton without host tensor descriptors: kernels load through pointers
+except ImportError:   # a Triton without host tensor descriptors: kernels load and store through pointers
     TensorDescriptor = None
 
 _COMPILED = {}   # (kernel, grid, config, argument specialization) -> compiled kernel
@@ -120,7 +120,7 @@ def _copy_engine(device):
 
 
 def _descriptor(x, block):
-    """x as the copy engine reads it, in blocks of `block`; None where it cannot: a Triton without host
+    """x as the copy engine reads or writes it, in blocks of `block`; None where it cannot: a Triton without host
     descriptors, a GPU before Hopper, an empty tensor, the last dimension not contiguous, the base or another
     stride not 16-byte aligned, a row of a block under 16 bytes or a block side over 256."""
     size = x.element_size()

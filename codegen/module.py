@@ -346,7 +346,7 @@ def _launch(w: KernelWriter, grid: str, cfg: str) -> list[str]:
 
 def _descriptor_lines(w: KernelWriter, cfg: str) -> list[str]:
     """Launcher lines building the kernel's tensor descriptors; where any cannot be built (layout, Triton, GPU)
-    every load falls back to pointers."""
+    every load and store falls back to pointers."""
     if not w.descriptors:
         return []
     names = [param for param, _, _ in w.descriptors.values()]

@@ -185,11 +185,7 @@ def tune(forward, inputs: list, config: dict, budget: float = BUDGET_SECONDS, me
         if n and time.perf_counter() - t0 > budget:   # the default is always measured
             stopped = f"time budget ({budget:g} s) after {n} of {len(grid)} configs"
             break
-        try:
-            ms = measure(lambda: forward(*inputs, config=cfg))
-        except Exception:   # a config may not compile or fit; it is skipped
-            ms = math.inf
-        tried.append((cfg, ms))
+        tried.append((cfg, _timed(forward, inputs, cfg, measure)))
         if progress is not None:
             done = int(30 * (n + 1) / len(grid))
             best = min(t for _, t in tried)
@@ -199,6 +195,13 @@ def tune(forward, inputs: list, config: dict, budget: float = BUDGET_SECONDS, me
         progress.write("\n")
     best_cfg, best_ms, default_ms = confirm(forward, inputs, tried, measure)
     return Tuned(best_cfg, best_ms, default_ms, tried, stopped)
+
+
+def _timed(forward, inputs: list, cfg: dict, measure) -> float:
+    try:
+        return measure(lambda: forward(*inputs, config=cfg))
+    except Exception:   # a config may not compile or fit; it is skipped
+        return math.inf
 
 
 def confirm(forward, inputs: list, tried: list, measure, finalists: int = 3, rounds: int = 2):
@@ -214,10 +217,7 @@ def confirm(forward, inputs: list, tried: list, measure, finalists: int = 3, rou
     times = {n: [ms] for n, (_, ms) in enumerate(pool)}
     for _ in range(rounds):
         for n, (cfg, _) in enumerate(pool):
-            try:
-                times[n].append(measure(lambda: forward(*inputs, config=cfg)))
-            except Exception:
-                times[n].append(math.inf)
+            times[n].append(_timed(forward, inputs, cfg, measure))
     median = {n: sorted(ts)[len(ts) // 2] for n, ts in times.items()}
     best = min(median, key=median.get)
     return pool[best][0], median[best], median[0]
