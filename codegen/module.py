@@ -202,7 +202,7 @@ def _combine_in_kernel(w: KernelWriter, cw: KernelWriter) -> list[str]:
     return ["if COMBINE_IN_KERNEL:",
             "    tl.debug_barrier()",
             f"    ticket = tickets_ptr + pid_grid * tl.num_programs(0) + {pid_row}",
-            f"    if tl.atomic_add(ticket, 1) == tl.num_programs(2) - 1:",
+            "    if tl.atomic_add(ticket, 1) == tl.num_programs(2) - 1:",
             "        tl.store(ticket, 0)",
             f"        for part in tl.static_range({sub}):"] + ["            " + x for x in call]
 
