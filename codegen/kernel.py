@@ -73,6 +73,8 @@ class KernelWriter:
         self.tma = False                   # may tiles move through tensor descriptors (see descriptor_block)
         self.descriptors: dict[tuple, tuple[str, str, list[str]]] = {}   # (tensor, blocks) -> (param, tensor, blocks)
         self.row_order = False             # does the kernel take ROW_ORDER (see module.kernel_source)
+        self.stream = False                # may loads along the loop axis be marked read-once (see load)
+        self.streamed = False              # did any load take the STREAM switch
         self.dims = sorted({t.attrs[0] for t in ir.walk(sched.term) if t.op == "dim"} |
                            {e.name for e in self._extents() if not isinstance(e, int)})
 
@@ -217,7 +219,14 @@ class KernelWriter:
             if self.padded(a):
                 checks.append(self.expand(Val(f"valid_{a}", (a,), "bool"), order))
         mask = f", mask={' & '.join(checks)}, other=0.0" if checks else ""
-        pointer_load = f"tl.load({' + '.join(parts)}{mask})"
+        hint = ""
+        if self.stream and blk == self.ctx.body and self.loop in t.free:
+            # each program reads its own chunk of the loop axis once: with STREAM the lines it brings in are
+            # the cache's first to go, so data others wrote stays cached rather than being written back to
+            # make room (the hint only reaches the load without pipelining: num_stages=1)
+            hint = ', eviction_policy="evict_first" if STREAM else ""'
+            self.streamed = True
+        pointer_load = f"tl.load({' + '.join(parts)}{mask}{hint})"
         via_descriptor = self.descriptor_load(t, order) if self.tma else None
         if via_descriptor is None:
             var = self.put(blk, pointer_load, "ld")

@@ -78,6 +78,7 @@ def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, c
     kernels call, rather than a kernel."""
     w = KernelWriter(sched, name)
     w.tma = not tile   # a tile function takes no descriptors: the kernels that call it hold pointers only
+    w.stream = bool(partials)
     spec, loop, row = sched.spec, sched.loop, sched.row
     head: list[str] = []
     if row and not tile:
@@ -172,6 +173,7 @@ def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, c
     params += w.dims + (["chunk_len"] if partials else [])
     w.constexprs = [f"BLOCK_{a.upper()}" for a in (row, loop) if a] + (["USE_TMA"] if w.descriptors else [])
     w.constexprs += ["ROW_ORDER"] if w.row_order else []
+    w.constexprs += ["STREAM"] if w.streamed else []
     if combine is not None:
         params += [p for p in combine.params if p not in params] + ["tickets_ptr"]
         w.constexprs += [f"COMBINE_{c}" for c in combine.constexprs] + ["COMBINE_IN_KERNEL"]
@@ -432,16 +434,26 @@ def _split_parts(sched: Schedule, name: str, inputs: list[str], out_alloc: str, 
     row, crow, chunks = f"BLOCK_{sched.row.upper()}", f"BLOCK_{comb.sched.row.upper()}", f"BLOCK_{comb.chunk_axis.upper()}"
     cgpu = {"in_kernel": 1, **COMBINE_GPU, crow: 8, chunks: 16}
     ccpu = {"in_kernel": 1, **COMBINE_CPU, crow: 2, chunks: 4}
-    # few query rows: the smallest tile the matrix units take; short key blocks (best in a sweep on an H100)
+    # few query rows: the smallest tile the matrix units take
     gpu[row] = cpu[row] = 16
-    gpu[f"BLOCK_{sched.loop.upper()}"] = 64
     gpu.update(num_warps=4, CHUNKS=0, COMBINE=cgpu)
     cpu.update(CHUNKS=0, COMBINE=ccpu)
+    if w.streamed:
+        # loads marked read-once and not pipelined (a pipelined load drops the mark), in key blocks of 128: on
+        # an H100, grouped-query decode at KV 32k ran 59 us against 64 us pipelined, with the cache full of
+        # dirty lines as after any kernel that wrote; as fast with a clean cache (bench/decode_variants.py)
+        gpu.update(STREAM=1, num_stages=1)
+        cpu["STREAM"] = 1
+    else:
+        gpu[f"BLOCK_{sched.loop.upper()}"] = 64   # short key blocks (best in a sweep on an H100)
     rows, rest = _grid(w, sched, "cfg")
     n, bj = w.ext(sched.loop), f"cfg['BLOCK_{sched.loop.upper()}']"
+    slots = "_program_slots(device)"
+    if w.streamed:   # without pipelining a program waits out each load: two programs per SM overlap their waits
+        slots += " * (2 if cfg['STREAM'] and cfg['num_stages'] == 1 else 1)"
     launch = [f"    kernel_cfg = {{k: v for k, v in cfg.items() if k not in {SPLIT_KEYS!r}}}",
               f"    blocks = -(-{n} // {bj})",
-              f"    chunks = cfg['CHUNKS'] or _chunk_counts({rows} * {rest}, blocks, _program_slots(device))",
+              f"    chunks = cfg['CHUNKS'] or _chunk_counts({rows} * {rest}, blocks, {slots})",
               f"    chunk_len = max(-(-blocks // chunks), 1) * {bj}",
               f"    {comb.chunk_dim} = max(-(-{n} // chunk_len), 1)   # no empty chunks"]
     for p in comb.partials:

@@ -137,7 +137,7 @@ def stored_config(spec_name: str, sizes: dict[str, int], gpu: str, family: str |
 
 def candidates(config: dict) -> list[dict]:
     """Configs around a module's CONFIG: each block size halved and doubled, warps, stages, the order of row
-    blocks, loads through tensor descriptors or pointers, chunk counts."""
+    blocks, loads through tensor descriptors or pointers, read-once load hints, chunk counts."""
     axes: dict[str, list] = {}
     for k, v in config.items():
         if k.startswith("BLOCK_"):
@@ -145,10 +145,10 @@ def candidates(config: dict) -> list[dict]:
         elif k == "num_warps":
             axes[k] = [4, 8]
         elif k == "num_stages":
-            axes[k] = [2, 3, 4]
+            axes[k] = [1, 2, 3, 4]
         elif k == "ROW_ORDER":
             axes[k] = [0, 1, 2]
-        elif k == "USE_TMA":
+        elif k in ("USE_TMA", "STREAM"):
             axes[k] = [0, 1]
         elif k == "CHUNKS":
             axes[k] = [0, 2, 4, 8, 16, 32]

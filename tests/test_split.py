@@ -1,5 +1,9 @@
 """Split-K: decode specs optimize to split plans found by saturation, prefill specs keep rolling update; the
 split kernels match float64 for any chunking; and the combine algebra is exact for any cut of the key axis."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -131,3 +135,66 @@ def test_the_cost_model_picks_rolling_for_decode_shapes_that_fill_the_device():
     assert optimize(str(SPECS / "causal_dc.py"), sizes={"B": 128, "SKV": 512}).chosen.family == "rolled"
     small = optimize(str(SPECS / "causal_dc.py"), sizes={"B": 1, "SKV": 32768}, device=Device(sms=8))
     assert small.chosen.family == "rolled"   # 32 programs already fill an 8-SM device
+
+
+def test_split_kernels_mark_their_key_loads_read_once_and_prefill_kernels_do_not():
+    """Each chunk program reads its K/V once: under STREAM those loads carry an evict-first hint (the query,
+    read by every chunk, does not); a prefill kernel, whose row blocks all read the same K/V, has no switch.
+    Both settings of the switch give the float64 result."""
+    result, mod = compiled(str(SPECS / "gqa_dc.py"))
+    hinted = [line for line in result.source.splitlines() if "evict_first" in line]
+    assert hinted and all("tl.load(k_ptr" in line or "tl.load(v_ptr" in line for line in hinted)
+    assert all('eviction_policy="evict_first" if STREAM else ""' in line for line in hinted)
+    assert mod.CONFIG["STREAM"] == 1 and mod.CONFIG["num_stages"] == 1   # a pipelined load would drop the hint
+    prefill, _ = compiled(str(SPECS / "causal_pf.py"))
+    assert "evict" not in prefill.source and "STREAM" not in prefill.source
+    inputs = random_inputs(result.spec, {"B": 1, "Q": 2, "SKV": 45}, seed=4)
+    ref = evaluate(result.spec, inputs)
+    for stream in (0, 1):
+        out = mod.forward(*inputs.values(), config={"STREAM": stream, "CHUNKS": 3})
+        assert (out.double() - ref).abs().max().item() <= tolerance("f16")
+
+
+PTX_OF_PARTIAL_KERNEL = r'''
+import importlib.util, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+path, stream = sys.argv[1], int(sys.argv[2])
+spec = importlib.util.spec_from_file_location("generated", path)
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+kernel = getattr(mod, mod.NAME + "_kernel")
+cfg = {**mod.CONFIG, "STREAM": stream, "USE_TMA": 0, "num_stages": 1}
+values = {"COMBINE_IN_KERNEL": 1, **{"COMBINE_" + k: v for k, v in cfg["COMBINE"].items()}, **cfg}
+signature, constants, attrs = {}, {}, {}
+for n, p in enumerate(kernel.params):
+    if p.is_constexpr:
+        signature[p.name], constants[p.name] = "constexpr", values[p.name]
+    elif "_desc" in p.name:
+        signature[p.name], constants[p.name] = "constexpr", None
+    elif p.name.endswith("_ptr"):
+        signature[p.name] = "*i32" if p.name == "tickets_ptr" else "*fp32" if p.name.startswith("part") else "*fp16"
+        attrs[(n,)] = [["tt.divisibility", 16]]
+    else:
+        signature[p.name] = "i32"
+compiled = triton.compile(ASTSource(kernel, signature, constexprs=constants, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["num_warps"], "num_stages": 1})
+print(compiled.asm["ptx"])
+'''
+
+
+@pytest.mark.parametrize("stream", [1, 0])
+def test_the_read_once_hint_reaches_the_machine_code(stream, tmp_path):
+    """Compiled for a Hopper GPU (no GPU needed to compile), the K/V loads of the partial kernel carry the L2
+    evict-first policy exactly when STREAM is on."""
+    result, _ = compiled(str(SPECS / "gqa_dc.py"))
+    module, script = tmp_path / "gqa_dc.py", tmp_path / "ptx.py"
+    module.write_text(result.source)
+    script.write_text(PTX_OF_PARTIAL_KERNEL)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    ptx = subprocess.run([sys.executable, str(script), str(module), str(stream)], env=env, check=True,
+                         capture_output=True, text=True, timeout=600).stdout
+    assert "ld.global" in ptx
+    assert ("createpolicy.fractional.L2::evict_first" in ptx) == bool(stream)
+    assert ("L2::cache_hint" in ptx) == bool(stream)

@@ -1,0 +1,105 @@
+"""Which load form should codegen emit for split decode? Times variants of a generated decode module beside
+SDPA's cuDNN backend and a copy of the same bytes, under do_bench (the L2 cache starts full of dirty lines) and
+with a clean flush, in rounds that take turns:
+
+    emitted       the module as generated, with its tuned config
+    stream        K/V loads marked evict_first (read once: leave the cache to other data), loaded straight to
+                  registers (num_stages=1: a pipelined load goes through cp.async, which drops the hint)
+    plain         the same configs without the hint (what the hint itself is worth)
+
+    python bench/decode_variants.py [--ops gqa_dc,causal_dc,softcap_dc] [--kv 32768] [--rounds 3]
+
+Every output is compared with SDPA's math backend in float32 first. Imports only torch and triton.
+"""
+import argparse
+import itertools
+import re
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+
+from decode_timing import FLUSH_BYTES, event_median
+from sweep_configs import HEADS, cudnn_attention, load
+
+HERE = Path(__file__).resolve().parent
+STREAM_GRID = [dict(BLOCK_J=bj, num_warps=w, num_stages=1, CHUNKS=c)
+               for bj, w, c in itertools.product((64, 128), (4, 8), (16, 32, 64))]
+
+
+def with_hint(source: str, tensors=("k", "v")) -> str:
+    """The module's source with every pointer load of `tensors` marked evict_first."""
+    loads = re.compile(r"^(\s*\w+ = tl\.load\((?:%s)_ptr .*)\)$" % "|".join(tensors))
+    return "\n".join(loads.sub(r'\1, eviction_policy="evict_first")', line) for line in source.splitlines())
+
+
+def variant(path: Path, hinted: bool):
+    source = path.read_text()
+    if hinted:
+        source = with_hint(source)
+        assert source.count("evict_first") >= 4, "no K/V loads found to mark"
+    tmp = Path(tempfile.mkdtemp()) / path.name
+    tmp.write_text(source)
+    return load(tmp)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ops", default="gqa_dc,causal_dc,softcap_dc")
+    ap.add_argument("--kv", default="32768")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    dirty = torch.empty(FLUSH_BYTES // 4, device="cuda", dtype=torch.int32)
+    clean = torch.empty(FLUSH_BYTES // 2, device="cuda", dtype=torch.float16).normal_()
+    print(torch.cuda.get_device_name(), f"torch {torch.__version__} triton {triton.__version__}")
+    for op in args.ops.split(","):
+        hq, hkv = HEADS[op]
+        path = HERE / "generated" / f"{op}.py"
+        emitted, stream, plain = load(path), variant(path, True), variant(path, False)
+        for S in map(int, args.kv.split(",")):
+            q = torch.randn(1, hq, 1, 128, device="cuda", dtype=torch.float16)
+            k, v = (torch.randn(1, hkv, S, 128, device="cuda", dtype=torch.float16) for _ in range(2))
+            extra = [torch.rand(hq, device="cuda")] if op.startswith("alibi") else []
+            want = None
+            if not extra and op != "softcap_dc":
+                want = torch.nn.functional.scaled_dot_product_attention(
+                    q.float(), k.float(), v.float(), enable_gqa=hq != hkv)
+            nbytes = (2 * q.numel() + 2 * k.numel()) * 2
+            src = torch.empty(nbytes // 4, device="cuda", dtype=torch.float16).normal_()   # half read, half written
+            dst = torch.empty_like(src)
+            gb = nbytes / 1e9
+            systems = {"emitted": lambda: emitted.forward(q, k, v, *extra),
+                       "same_bytes_copy": lambda: dst.copy_(src)}
+            if not extra and op != "softcap_dc":
+                systems["cudnn"] = lambda: cudnn_attention(q, k, v)
+            for name, mod in (("stream", stream), ("plain", plain)):
+                for cfg in STREAM_GRID:
+                    tag = f"{name} BJ={cfg['BLOCK_J']} w={cfg['num_warps']} chunks={cfg['CHUNKS']}"
+                    systems[tag] = (lambda mod=mod, cfg=cfg: mod.forward(q, k, v, *extra, config=cfg))
+            times = {name: {"do_bench": [], "clean": []} for name in systems}
+            for name, fn in list(systems.items()):
+                try:
+                    out = fn()
+                    torch.cuda.synchronize()
+                except Exception as e:   # a config may not fit
+                    print(f"  {name}: {type(e).__name__}: {str(e)[:80]}")
+                    del systems[name], times[name]
+                    continue
+                if want is not None and name != "same_bytes_copy":
+                    err = (out.float() - want).abs().max().item()
+                    assert err < 2e-2, f"{op} {name}: max error {err}"
+            for _ in range(args.rounds):
+                for name, fn in systems.items():
+                    times[name]["do_bench"].append(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
+                    times[name]["clean"].append(event_median(fn, clean.sum, calls=60))
+            med = {n: {k: sorted(v)[len(v) // 2] for k, v in t.items()} for n, t in times.items()}
+            print(f"{op} KV={S} ({gb * 1e3:.0f} MB of Q, K, V, O; medians of {args.rounds} rounds)")
+            for name, t in sorted(med.items(), key=lambda kv: kv[1]["do_bench"]):
+                print(f"  {name:32s} do_bench {t['do_bench'] * 1e3:6.1f} us {gb / t['do_bench'] * 1e3:5.0f} GB/s"
+                      f"   clean flush {t['clean'] * 1e3:6.1f} us {gb / t['clean'] * 1e3:5.0f} GB/s", flush=True)
+    del dirty
+
+
+if __name__ == "__main__":
+    main()
