@@ -50,13 +50,12 @@ def main() -> None:
     ap.add_argument("--kv", default="32768")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    dirty = torch.empty(FLUSH_BYTES // 4, device="cuda", dtype=torch.int32)
     clean = torch.empty(FLUSH_BYTES // 2, device="cuda", dtype=torch.float16).normal_()
     print(torch.cuda.get_device_name(), f"torch {torch.__version__} triton {triton.__version__}")
     for op in args.ops.split(","):
-        hq, hkv = HEADS[op]
         path = HERE / "generated" / f"{op}.py"
         emitted, stream, plain = load(path), variant(path, True), variant(path, False)
+        hq, hkv = HEADS[op]
         for S in map(int, args.kv.split(",")):
             q = torch.randn(1, hq, 1, 128, device="cuda", dtype=torch.float16)
             k, v = (torch.randn(1, hkv, S, 128, device="cuda", dtype=torch.float16) for _ in range(2))
@@ -98,7 +97,6 @@ def main() -> None:
             for name, t in sorted(med.items(), key=lambda kv: kv[1]["do_bench"]):
                 print(f"  {name:32s} do_bench {t['do_bench'] * 1e3:6.1f} us {gb / t['do_bench'] * 1e3:5.0f} GB/s"
                       f"   clean flush {t['clean'] * 1e3:6.1f} us {gb / t['clean'] * 1e3:5.0f} GB/s", flush=True)
-    del dirty
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ engine under mbarriers, and when each asynchronous warpgroup matrix product is w
     overlap   the next block's scores are issued before this block's softmax, so the tensor cores compute
               them while the other units run the exponentials (FlashAttention-3's intra-warpgroup overlap)
 
+Each runs with key blocks of 128 or 64 and 2-4 ring stages.
+
     python bench/gluon_prefill.py [--seqs 1024,4096,16384] [--rounds 3]
 
 Shapes are multiples of the block (the point is speed). Each output is compared with SDPA's math backend in
@@ -43,6 +45,17 @@ def _softmax_step(qk, m_i, l_i, acc, qk_scale, o_rows: gl.constexpr):
 
 
 @gluon.jit
+def _load_block(k_desc, v_desc, k_smem, v_smem, kv_bars, stage, block, kv0, n_blocks, BLOCK_N: gl.constexpr):
+    """Start copying key/value block `block` into ring stage `stage`; its barrier completes when both landed
+    (nothing is copied past the last block)."""
+    pred = block < n_blocks
+    bar = kv_bars.index(stage)
+    mbarrier.expect(bar, 2 * k_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(k_desc, [kv0 + block * BLOCK_N, 0], bar, k_smem.index(stage), pred=pred)
+    tma.async_copy_global_to_shared(v_desc, [kv0 + block * BLOCK_N, 0], bar, v_smem.index(stage), pred=pred)
+
+
+@gluon.jit
 def attention_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, N_CTX,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                      OVERLAP: gl.constexpr):
@@ -71,12 +84,8 @@ def attention_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, N_CTX,
 
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [row0, 0], q_bar, q_smem)
-    kv_bytes: gl.constexpr = 2 * k_desc.block_type.nbytes
     for i in gl.static_range(STAGES):   # fill the ring
-        pred = i < n_blocks
-        mbarrier.expect(kv_bars.index(i), kv_bytes, pred=pred)
-        tma.async_copy_global_to_shared(k_desc, [kv0 + i * BLOCK_N, 0], kv_bars.index(i), k_smem.index(i), pred=pred)
-        tma.async_copy_global_to_shared(v_desc, [kv0 + i * BLOCK_N, 0], kv_bars.index(i), v_smem.index(i), pred=pred)
+        _load_block(k_desc, v_desc, k_smem, v_smem, kv_bars, i, i, kv0, n_blocks, BLOCK_N)
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, s_rows)
     l_i = gl.full([BLOCK_M], 0.0, gl.float32, s_rows)
@@ -98,13 +107,8 @@ def attention_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, N_CTX,
             p16 = gl.convert_layout(p.to(gl.float16), p_layout)
             acc = warpgroup_mma(p16, v_smem.index(s), acc, is_async=True)
             qk, acc = warpgroup_mma_wait(num_outstanding=0, deps=(qk_next, acc))
-            refill = j + STAGES   # stage s is free: both products that read it are done
-            pred = refill < n_blocks
-            mbarrier.expect(kv_bars.index(s), kv_bytes, pred=pred)
-            tma.async_copy_global_to_shared(k_desc, [kv0 + refill * BLOCK_N, 0], kv_bars.index(s), k_smem.index(s),
-                                            pred=pred)
-            tma.async_copy_global_to_shared(v_desc, [kv0 + refill * BLOCK_N, 0], kv_bars.index(s), v_smem.index(s),
-                                            pred=pred)
+            # stage s is free: both products that read it are done
+            _load_block(k_desc, v_desc, k_smem, v_smem, kv_bars, s, j + STAGES, kv0, n_blocks, BLOCK_N)
         last = (n_blocks - 1) % STAGES
         p, m_i, l_i, acc = _softmax_step(qk, m_i, l_i, acc, qk_scale, o_rows)
         p16 = gl.convert_layout(p.to(gl.float16), p_layout)
@@ -120,13 +124,7 @@ def attention_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, N_CTX,
             p16 = gl.convert_layout(p.to(gl.float16), p_layout)
             acc = warpgroup_mma(p16, v_smem.index(s), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            refill = j + STAGES
-            pred = refill < n_blocks
-            mbarrier.expect(kv_bars.index(s), kv_bytes, pred=pred)
-            tma.async_copy_global_to_shared(k_desc, [kv0 + refill * BLOCK_N, 0], kv_bars.index(s), k_smem.index(s),
-                                            pred=pred)
-            tma.async_copy_global_to_shared(v_desc, [kv0 + refill * BLOCK_N, 0], kv_bars.index(s), v_smem.index(s),
-                                            pred=pred)
+            _load_block(k_desc, v_desc, k_smem, v_smem, kv_bars, s, j + STAGES, kv0, n_blocks, BLOCK_N)
 
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
@@ -164,9 +162,10 @@ def main() -> None:
         flops = 4 * HEADS * S * S * DIM
         systems = {"generated": lambda: generated.forward(q, k, v), "cudnn": lambda: cudnn_attention(q, k, v)}
         for overlap in (0, 1):
-            for stages in (2, 3):
-                systems[f"gluon_{'overlap' if overlap else 'serial'}_s{stages}"] = (
-                    lambda overlap=overlap, stages=stages: gluon_attention(q, k, v, overlap, stages=stages))
+            for block_n, stages in ((128, 2), (128, 3), (64, 3), (64, 4)):
+                systems[f"gluon_{'overlap' if overlap else 'serial'}_n{block_n}_s{stages}"] = (
+                    lambda overlap=overlap, block_n=block_n, stages=stages:
+                    gluon_attention(q, k, v, overlap, block_n=block_n, stages=stages))
         times = {}
         for name, fn in list(systems.items()):
             try:
