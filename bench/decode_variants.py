@@ -3,9 +3,10 @@ SDPA's cuDNN backend and a copy of the same bytes, under do_bench (the L2 cache 
 with a clean flush, in rounds that take turns:
 
     emitted       the module as generated, with its tuned config
-    stream        K/V loads marked evict_first (read once: leave the cache to other data), loaded straight to
-                  registers (num_stages=1: a pipelined load goes through cp.async, which drops the hint)
-    plain         the same configs without the hint (what the hint itself is worth)
+    stream        the module's STREAM switch on: K/V loads marked evict_first (read once: leave the cache to other
+                  data), loaded straight to registers (num_stages=1: a pipelined load goes through cp.async, which
+                  drops the hint)
+    plain         the same configs with STREAM off (what the hint itself is worth)
 
     python bench/decode_variants.py [--ops gqa_dc,causal_dc,softcap_dc] [--kv 32768] [--rounds 3]
 
@@ -13,8 +14,6 @@ Every output is compared with SDPA's math backend in float32 first. Imports only
 """
 import argparse
 import itertools
-import re
-import tempfile
 from pathlib import Path
 
 import torch
@@ -28,22 +27,6 @@ STREAM_GRID = [dict(BLOCK_J=bj, num_warps=w, num_stages=1, CHUNKS=c)
                for bj, w, c in itertools.product((64, 128), (4, 8), (16, 32, 64))]
 
 
-def with_hint(source: str, tensors=("k", "v")) -> str:
-    """The module's source with every pointer load of `tensors` marked evict_first."""
-    loads = re.compile(r"^(\s*\w+ = tl\.load\((?:%s)_ptr .*)\)$" % "|".join(tensors))
-    return "\n".join(loads.sub(r'\1, eviction_policy="evict_first")', line) for line in source.splitlines())
-
-
-def variant(path: Path, hinted: bool):
-    source = path.read_text()
-    if hinted:
-        source = with_hint(source)
-        assert source.count("evict_first") >= 4, "no K/V loads found to mark"
-    tmp = Path(tempfile.mkdtemp()) / path.name
-    tmp.write_text(source)
-    return load(tmp)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", default="gqa_dc,causal_dc,softcap_dc")
@@ -53,8 +36,8 @@ def main() -> None:
     clean = torch.empty(FLUSH_BYTES // 2, device="cuda", dtype=torch.float16).normal_()
     print(torch.cuda.get_device_name(), f"torch {torch.__version__} triton {triton.__version__}")
     for op in args.ops.split(","):
-        path = HERE / "generated" / f"{op}.py"
-        emitted, stream, plain = load(path), variant(path, True), variant(path, False)
+        mod = load(HERE / "generated" / f"{op}.py")
+        assert "STREAM" in mod.CONFIG, f"{op}: the module has no STREAM switch (generate it again)"
         hq, hkv = HEADS[op]
         for S in map(int, args.kv.split(",")):
             q = torch.randn(1, hq, 1, 128, device="cuda", dtype=torch.float16)
@@ -68,14 +51,15 @@ def main() -> None:
             src = torch.empty(nbytes // 4, device="cuda", dtype=torch.float16).normal_()   # half read, half written
             dst = torch.empty_like(src)
             gb = nbytes / 1e9
-            systems = {"emitted": lambda: emitted.forward(q, k, v, *extra),
+            systems = {"emitted": lambda: mod.forward(q, k, v, *extra),
                        "same_bytes_copy": lambda: dst.copy_(src)}
             if not extra and op != "softcap_dc":
                 systems["cudnn"] = lambda: cudnn_attention(q, k, v)
-            for name, mod in (("stream", stream), ("plain", plain)):
+            for name, stream in (("stream", 1), ("plain", 0)):
                 for cfg in STREAM_GRID:
                     tag = f"{name} BJ={cfg['BLOCK_J']} w={cfg['num_warps']} chunks={cfg['CHUNKS']}"
-                    systems[tag] = (lambda mod=mod, cfg=cfg: mod.forward(q, k, v, *extra, config=cfg))
+                    config = {**cfg, "STREAM": stream, "USE_TMA": 0}
+                    systems[tag] = (lambda config=config: mod.forward(q, k, v, *extra, config=config))
             times = {name: {"do_bench": [], "clean": []} for name in systems}
             for name, fn in list(systems.items()):
                 try:
