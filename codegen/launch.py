@@ -15,6 +15,11 @@ try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:   # a Triton without host tensor descriptors: kernels load and store through pointers
     TensorDescriptor = None
+try:   # Gluon kernels take descriptors that also carry their shared-memory layout
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+except ImportError:
+    gl = GluonDescriptor = None
 
 _COMPILED = {}   # (kernel, grid, config, argument specialization) -> compiled kernel
 _REPLAYS = {}    # signature of the inputs -> replay of the recorded launches
@@ -64,7 +69,7 @@ class _Recording:
             if described or isinstance(a, torch.Tensor):
                 base = a.base if described else a
                 slot = next(n for n, b in enumerate(self.buffers) if b is base)
-                tensors.append((pos, slot, list(a.block_shape) if described else None))
+                tensors.append((pos, slot, (list(a.block_shape), getattr(a, "layout", None)) if described else None))
                 template[pos] = None
         self.launches.append((compiled, grid, template, tuple(tensors)))
 
@@ -78,10 +83,9 @@ class _Recording:
                                    for ticket, s, d in allocs]
             for compiled, grid, template, tensors in launches:
                 args = template.copy()
-                for pos, slot, block in tensors:   # same signature: the recorded layout takes a descriptor
+                for pos, slot, described in tensors:   # same signature: the recorded layout takes a descriptor
                     buf = bufs[slot]
-                    args[pos] = (buf if block is None
-                                 else TensorDescriptor(buf, list(buf.shape), list(buf.stride()), block))
+                    args[pos] = buf if described is None else _redescribe(buf, *described)
                 _run(compiled, grid, stream, args)
             return bufs[out_slot]
         return replay
@@ -119,20 +123,45 @@ def _copy_engine(device):
     return device.type == "cpu" or torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def _descriptor(x, block):
-    """x as the copy engine reads or writes it, in blocks of `block`; None where it cannot: a Triton without host
-    descriptors, a GPU before Hopper, an empty tensor, the last dimension not contiguous, the base or another
-    stride not 16-byte aligned, a row of a block under 16 bytes or a block side over 256."""
+@functools.lru_cache(maxsize=None)
+def _hopper(device):
+    return torch.cuda.get_device_capability(device)[0] == 9
+
+
+def _describable(x, block):
+    """Can the copy engine read or write x in blocks of `block`? Not on a GPU before Hopper, for an empty tensor,
+    the last dimension not contiguous, the base or another stride not 16-byte aligned, a row of a block under
+    16 bytes or a block side over 256."""
     size = x.element_size()
-    if (TensorDescriptor is None or not _copy_engine(x.device) or x.numel() == 0 or x.stride(-1) != 1
-            or x.data_ptr() % 16 or any(s * size % 16 for s in x.stride()[:-1]) or block[-1] * size < 16
-            or max(block) > 256):
+    return not (not _copy_engine(x.device) or x.numel() == 0 or x.stride(-1) != 1 or x.data_ptr() % 16
+                or any(s * size % 16 for s in x.stride()[:-1]) or block[-1] * size < 16 or max(block) > 256)
+
+
+def _descriptor(x, block):
+    """x as the copy engine reads or writes it, in blocks of `block`; None where it cannot (see _describable, or
+    a Triton without host descriptors)."""
+    if TensorDescriptor is None or not _describable(x, block):
         return None
     return TensorDescriptor(x, list(x.shape), list(x.stride()), block)
 
 
+def _gluon_descriptor(x, block):
+    """As _descriptor, for a Gluon kernel: with the swizzled shared-memory layout its block lands in."""
+    dtype = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(x.dtype)
+    if GluonDescriptor is None or dtype is None or not _describable(x, block):
+        return None
+    layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, dtype))
+    return GluonDescriptor(x, list(x.shape), list(x.stride()), block, layout)
+
+
+def _redescribe(x, block, layout):
+    if layout is None:
+        return TensorDescriptor(x, list(x.shape), list(x.stride()), block)
+    return GluonDescriptor(x, list(x.shape), list(x.stride()), block, layout)
+
+
 def _is_descriptor(a):
-    return TensorDescriptor is not None and isinstance(a, TensorDescriptor)
+    return any(c is not None and isinstance(a, c) for c in (TensorDescriptor, GluonDescriptor))
 
 
 def _specialization(a):
@@ -149,7 +178,8 @@ def _specialization(a):
 
 def _launch(rec, kernel, grid, args, cfg, constexprs):
     """Launch a kernel; on the GPU keep the compiled kernel per argument specialization."""
-    if args[0].device.type != "cuda" or not _replay_enabled():
+    first = args[0].base if _is_descriptor(args[0]) else args[0]
+    if first.device.type != "cuda" or not _replay_enabled():
         kernel[grid](*args, **cfg)
         return
     grid = tuple(grid) + (1,) * (3 - len(grid))
@@ -158,7 +188,7 @@ def _launch(rec, kernel, grid, args, cfg, constexprs):
     if compiled is None:
         compiled = _COMPILED[key] = kernel[grid](*args, **cfg)
     else:
-        _run(compiled, grid, _current_stream(args[0].device), list(args) + list(constexprs))
+        _run(compiled, grid, _current_stream(first.device), list(args) + list(constexprs))
     if rec is not None:
         rec.launched(compiled, grid, args, constexprs)
 

@@ -15,10 +15,21 @@ from neptune_eqsat.tune import bucket
 from neptune_eqsat.schedule import Schedule
 
 from . import masks
+from .gluon import CONSUMERS, ROWS, GluonWriter, NotEligible, gluon_source
 from .kernel import Context, KernelWriter, Val
 
 GPU_CONFIG = {"num_warps": 8, "num_stages": 3}   # measured best of a small sweep on an H100 (bench/sweep_configs.py)
 INTERPRETER_CONFIG = {"num_warps": 1, "num_stages": 1}
+# the warp-specialized Gluon kernel (gluon.py) of plans that have one: 3 stages of key blocks of 128 were the
+# fastest of a sweep on an H100 (bench/gluon_pingpong.py: global prefill 1.00x cuDNN at S 4096, 1.03x at 16384)
+GLUON_CONFIG = {"BACKEND": "gluon", "WS_BLOCK_J": 128, "WS_STAGES": 3}
+GLUON_IMPORTS = """from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+"""
+GLUON_ROWS = ROWS * CONSUMERS      # rows per program
+GLUON_MAXNREG = 168                # 3 warpgroups: 240 registers for each consumer, 24 for the producer
 
 
 def _row_loop_blocks(sched: Schedule) -> tuple[dict, dict]:
@@ -269,7 +280,7 @@ import os
 import torch
 import triton
 import triton.language as tl
-
+{gluon_imports}
 NAME = {name!r}
 PLAN = {plan_one!r}
 # Tunables: block sizes, warps and pipeline stages (GPU), and the small blocks used under the interpreter.
@@ -362,6 +373,28 @@ def _descriptor_lines(w: KernelWriter, cfg: str) -> list[str]:
     return lines
 
 
+def _gluon_launch(w: GluonWriter, sched: Schedule) -> list[str]:
+    """Launcher lines running the Gluon kernel when the config asks for it on a Hopper GPU and every descriptor
+    can be built; they open an if whose else runs the Triton kernel."""
+    sizes = {"BLOCK_I": str(GLUON_ROWS), "BLOCK_J": "cfg['WS_BLOCK_J']"}
+    lines = ["    gluon_descs = (None,)",
+             "    if cfg.get('BACKEND') == 'gluon' and device.type == 'cuda' and _hopper(device):"]
+    names = []
+    for param, tensor, blocks in list(w.descriptors.values()) + [("out_desc", "out", w.out_block)]:
+        block = ", ".join(sizes.get(b, b) for b in blocks)
+        lines.append(f"        {param} = _gluon_descriptor({tensor}, [{block}])")
+        names.append(param)
+    lines += [f"        gluon_descs = ({', '.join(names)},)",
+              "    if None not in gluon_descs:",
+              "        gluon_cfg = {'BLOCK_I': %d, 'BLOCK_J': cfg['WS_BLOCK_J'], 'STAGES': cfg['WS_STAGES'], "
+              "'num_warps': 4, 'maxnreg': %d}" % (GLUON_ROWS, GLUON_MAXNREG),
+              f"        _launch(rec, {w.name}_gluon_kernel, (-(-{w.ext(sched.row)} // {GLUON_ROWS}), "
+              f"{' * '.join(w.ext(g) for g in sched.grid) or '1'}), (",
+              f"            {_call_args(w.params)},",
+              "        ), gluon_cfg, (gluon_cfg['BLOCK_I'], gluon_cfg['BLOCK_J'], gluon_cfg['STAGES']))"]
+    return lines
+
+
 def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.py", out_file: str = "OUT.py",
                   tuned: dict | None = None, by_bucket: dict[str, dict] | None = None) -> str:
     """The module's source; `tuned` (a measured config) replaces the default GPU tunables it names, and
@@ -372,7 +405,7 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
     out_alloc = (f"    out = _empty(rec, ({', '.join(str(e) if isinstance(e, int) else e.name for e in shape)},), "
                  f"{TORCH_DTYPE[spec.output_dtype]}, device)")
     gpu, cpu = _row_loop_blocks(sched)
-    helpers = ""
+    helpers = gluon_imports = ""
     if sched.split:
         kernels, w, launch, dims_used = _split_parts(sched, name, inputs, out_alloc, gpu, cpu)
         helpers = (inspect.getsource(split_count) + "\n\n_chunk_counts = functools.lru_cache(maxsize=4096)(split_count)\n\n\n"
@@ -382,6 +415,7 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
     else:
         kernel, w = kernel_source(sched, name)
         kernels, dims_used = kernel, w.dims
+        gluon_imports = ""
         if w.descriptors:
             gpu["USE_TMA"] = cpu["USE_TMA"] = 1
         rows, rest = _grid(w, sched, "cfg")
@@ -390,6 +424,19 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
             gpu["ROW_ORDER"] = cpu["ROW_ORDER"] = 1
             grid = f"({rest}, {rows}) if cfg['ROW_ORDER'] == 2 else ({rows}, {rest})"
         launch = [out_alloc] + _descriptor_lines(w, "cfg") + _launch(w, grid, "cfg")
+        try:
+            gsrc, gw = gluon_source(sched, name)
+        except NotEligible:
+            pass
+        else:   # the warp-specialized Hopper kernel, where it can run; the Triton kernel otherwise
+            kernels += "\n\n" + gsrc
+            gluon_imports = GLUON_IMPORTS
+            dims_used = list(dict.fromkeys(dims_used + gw.dims))
+            gpu.update(GLUON_CONFIG)
+            cpu["BACKEND"] = "triton"   # the interpreter runs Triton kernels only
+            launch = [out_alloc] + _gluon_launch(gw, sched) + [
+                "    else:", f"        cfg = {{k: v for k, v in cfg.items() if k not in {tuple(GLUON_CONFIG)!r}}}"] + [
+                "    " + x for x in launch[1:]]
 
     def shape_code(shape) -> str:
         return "(" + "".join((repr(s) if isinstance(s, int) else repr(s.name)) + ", " for s in shape).strip() + ")"
@@ -409,7 +456,7 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
         title=title, spec=spec.name, spec_file=spec_file, out_file=out_file,
         plan=textwrap.indent(plan, "    "), plan_one=plan, name=name, gpu=gpu, cpu=cpu, kernels=kernels,
         helpers=helpers + inspect.getsource(bucket) + "\n\n", runtime=_runtime_source(), tuned=tuned_table,
-        inputs_table=inputs_table, args=", ".join(inputs), first=inputs[0], binds=binds, dims=dims or "    pass",
+        gluon_imports=gluon_imports, inputs_table=inputs_table, args=", ".join(inputs), first=inputs[0], binds=binds, dims=dims or "    pass",
         launch="\n".join(launch), doc=f"{spec.name}: inputs {', '.join(inputs)}; returns {spec.output_name}.",
     )
 

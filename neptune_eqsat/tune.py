@@ -135,9 +135,13 @@ def stored_config(spec_name: str, sizes: dict[str, int], gpu: str, family: str |
     return config_for(measured_plans(spec_name, sizes, gpu), family)
 
 
+GLUON_KEYS = ("WS_BLOCK_J", "WS_STAGES")   # tunables of the warp-specialized Gluon kernel alone
+
+
 def candidates(config: dict) -> list[dict]:
     """Configs around a module's CONFIG: each block size halved and doubled, warps, stages, the order of row
-    blocks, loads through tensor descriptors or pointers, read-once load hints, chunk counts."""
+    blocks, loads through tensor descriptors or pointers, read-once load hints, chunk counts and, in a module
+    with a Gluon kernel, which kernel runs (the other kernel's tunables then stay at their defaults)."""
     axes: dict[str, list] = {}
     for k, v in config.items():
         if k.startswith("BLOCK_"):
@@ -152,9 +156,23 @@ def candidates(config: dict) -> list[dict]:
             axes[k] = [0, 1]
         elif k == "CHUNKS":
             axes[k] = [0, 2, 4, 8, 16, 32]
+        elif k == "BACKEND":
+            axes[k] = ["gluon", "triton"]
+        elif k == "WS_BLOCK_J":
+            axes[k] = [64, 128]
+        elif k == "WS_STAGES":
+            axes[k] = [2, 3]
     keys = list(axes)
-    grid = [dict(zip(keys, vals)) for vals in itertools.product(*(axes[k] for k in keys))]
     base = {k: config[k] for k in keys}
+    grid, seen = [], set()
+    for vals in itertools.product(*(axes[k] for k in keys)):
+        cfg = dict(zip(keys, vals))
+        if "BACKEND" in cfg:   # only the running kernel's tunables vary
+            unused = GLUON_KEYS if cfg["BACKEND"] != "gluon" else [k for k in keys if k not in GLUON_KEYS + ("BACKEND",)]
+            cfg.update({k: base[k] for k in unused})
+        if tuple(cfg.values()) not in seen:
+            seen.add(tuple(cfg.values()))
+            grid.append(cfg)
     # the current default first (the baseline), then configs by how many tunables they change, so a search
     # cut short by its budget has tried every single change first
     grid.sort(key=lambda c: sum(c[k] != base[k] for k in keys))
@@ -176,8 +194,14 @@ def measure_gpu(fn) -> float:
 
 
 def tune(forward, inputs: list, config: dict, budget: float = BUDGET_SECONDS, measure=measure_gpu,
-         progress=sys.stderr) -> Tuned:
+         progress=sys.stderr, seeds: list[dict] = ()) -> Tuned:
+    """Search the configs around `config` (see candidates), the `seeds` (configs measured best before) right
+    after the default, for at most `budget` seconds, then confirm the fastest few."""
     grid = candidates(config)
+    keys = list(grid[0])
+    seeded = [{k: seed.get(k, config[k]) for k in keys} for seed in seeds]
+    grid = grid[:1] + [c for n, c in enumerate(seeded) if c != grid[0] and c not in seeded[:n]] + [
+        c for c in grid[1:] if c not in seeded]
     tried: list = []
     t0 = time.perf_counter()
     stopped = "grid done"
@@ -231,7 +255,12 @@ def tune_module(module, spec_name: str, sizes: dict[str, int], inputs: list, bud
     if gpu is None:
         import torch
         gpu = torch.cuda.get_device_name()
-    result = tune(module.forward, inputs, dict(module.CONFIG), budget, measure, progress)
+    config = dict(module.CONFIG)
+    seeds = []
+    earlier = getattr(module, "TUNED", {}).get(bucket(sizes))
+    if earlier:   # the config measured best before, for each kernel the module can run
+        seeds = [{**earlier, "BACKEND": b} for b in ("gluon", "triton")] if "BACKEND" in config else [earlier]
+    result = tune(module.forward, inputs, config, budget, measure, progress, seeds)
     key = db_key(spec_name, sizes, gpu, triton.__version__)
     if math.isfinite(result.best_ms):
         store_plan(key, plan_family(getattr(module, "PLAN", "")),

@@ -1,0 +1,345 @@
+"""Term -> Gluon kernel for Hopper: the warp-specialized form of a rolled pass with two matrix products.
+
+A schedule qualifies when its loop axis runs one pass whose reductions are row vectors plus one matrix
+product over the loop axis (`out[row, col] = sum_loop P[row, loop] * V[loop, col]`, with P computed per block
+from a matrix product over an inner axis `sum_inner A[row, inner] * B[loop, inner]`), its state repaired by a
+row factor. The kernel then splits its warps into three partitions:
+
+    producer     copies A once and B/V blocks into a ring of shared-memory stages (copy engine, mbarriers)
+    consumer 0   rows 0-63 of the program's 128: per block, the product A B^T, the per-element work of the
+                 term (emitted by the same writer as the Triton kernels), the row reductions, and P V
+    consumer 1   rows 64-127: the same
+
+The consumers take turns issuing their matrix products (one computes exponentials while the other's products
+run), and within a consumer the product P V of one block runs while the next block's per-element work is
+computed: the state is repaired after that product, which is the same sum because the repair is a row factor,
+acc' = (acc + P_prev V_prev) * factor. This is how FlashAttention-3 and cuDNN lay out Hopper attention; the
+Triton kernels of kernel.py cannot express it (Triton 3.6 specializes warps only on Blackwell).
+"""
+from __future__ import annotations
+
+import re
+import textwrap
+
+from neptune_eqsat import ir
+from neptune_eqsat.ir import Term
+from neptune_eqsat.schedule import Schedule
+
+from .kernel import Context, KernelWriter, Val
+
+ROWS = 64                  # rows per consumer warpgroup: one m64 warpgroup product per block
+CONSUMERS = 2
+GLUON_DTYPE = {"f16": "gl.float16", "bf16": "gl.bfloat16"}
+
+
+class NotEligible(Exception):
+    """The schedule has no warp-specialized Gluon form; the message says why."""
+
+
+def gluonize(code: str) -> str:
+    """Triton-language code of elementwise work and row reductions as Gluon code (same names under gl)."""
+    return re.sub(r"\btl\.", "gl.", code.replace("tl.math.", "tl."))
+
+
+class GluonWriter(KernelWriter):
+    """KernelWriter whose per-element work lives in the layouts of a warpgroup's product tiles: (row, loop)
+    values in S, row vectors in S's rows, (row, col) values in O (the P V accumulator)."""
+
+    def __init__(self, sched: Schedule, name: str):
+        super().__init__(sched, name)
+        self.tma = True
+        self.operands: dict[str, tuple[str, list[str], list[str]]] = {}   # role -> (param, coords, blocks)
+        self.dtype: str | None = None
+        self.product: Term | None = None        # the reduction over the loop axis that is a matrix product
+        self.p_tile: dict[str, str] = {}         # block -> P of that block (16-bit)
+        self.factor: dict[str, str | None] = {}  # block -> the product state's repair factor (row vector)
+        self.pointer_inputs: list[str] = []
+        self.indexing = False                     # emitting a block's coordinates (any axis may appear)
+
+    # ---- values ---------------------------------------------------------------------------------------------
+    def _emit(self, t: Term, prev: bool, blk: str) -> Val:
+        if (t.op == "axis" and t.attrs[0] in self.tile_axes and t.attrs[0] not in (self.row, self.loop)
+                and not self.indexing):
+            raise NotEligible(f"the per-element work reads axis {t.attrs[0]}, which only the matrix products hold")
+        if t.op == "un" and t.attrs[0] == "tanh":   # Gluon has no sigmoid: tanh(x) = 2 / (1 + 2^(-2x log2 e)) - 1
+            x = self.as_float(self.emit(t.args[0], prev))
+            return Val(self.put(blk, f"(2.0 / (1.0 + gl.exp2(-2.8853900817779268 * {x.code})) - 1.0)"), x.axes, "f32")
+        return super()._emit(t, prev, blk)
+
+    def expand(self, v: Val, axes: tuple[str, ...]) -> str:
+        if self.col in axes and v.axes == (self.row,):   # a row vector (S's rows) meeting the accumulator (O)
+            return f"gl.convert_layout({v.code}, O_ROWS)[:, None]"
+        return super().expand(v, axes)
+
+    def load(self, t: Term, order: tuple[str, ...], blk: str) -> Val:
+        name = t.attrs[0]
+        dtype = self.spec.inputs[name].dtype
+        if not (t.free & set(self.tile_axes)):   # a value per program (a per-head slope): a pointer load
+            if name not in self.pointer_inputs:
+                self.pointer_inputs.append(name)
+            return super().load(t, order, blk)
+        if set(order) == {self.row, self.inner_axis()} and blk == "prologue":
+            role = "a"
+        elif set(order) == {self.loop, self.inner_axis()}:
+            role = "b"
+        elif set(order) == {self.loop, self.col}:
+            role = "v"
+        else:
+            raise NotEligible(f"input {name} is read as a {'x'.join(order)} tile, not as a matrix operand")
+        self.indexing = True
+        found = self.descriptor_block(name, t.args, order)
+        self.indexing = False
+        if found is None or dtype not in GLUON_DTYPE or self.dtype not in (None, dtype):
+            raise NotEligible(f"input {name} cannot move as one block of the copy engine in {GLUON_DTYPE}")
+        self.dtype = dtype
+        param, coords, blocks, _ = found
+        if self.operands.setdefault(role, (param, coords, blocks)) != (param, coords, blocks):
+            raise NotEligible(f"two different tensors are read as matrix operand {role}")
+        return Val(f"<{role}>", order, dtype)
+
+    def inner_axis(self) -> str | None:
+        return self.s.inner[0] if len(self.s.inner) == 1 else None
+
+    def inner_reduction(self, t: Term, prev: bool, blk: str) -> Val:
+        if t.attrs[0] != "sum" or not self.contraction(t.args[0], t.attrs[1]) or blk == "prologue":
+            raise NotEligible(f"{ir.show(t)[:60]} is not the per-block matrix product")
+        va, vb, x, y, _ = self.dot_operands(t.args[0], t.attrs[1], prev, zero_invalid=False)
+        if (va.code, vb.code, x, y) != ("<a>", "<b>", self.row, self.loop):
+            raise NotEligible(f"{ir.show(t)[:60]}: the per-block product must read two inputs as they are")
+        return Val("qk", (self.row, self.loop), "f32")
+
+    # ---- reductions over the loop axis ----------------------------------------------------------------------
+    def init_state(self, r: Term, block: str) -> None:
+        axes = self.state_axes(r)
+        if axes == (self.row, self.col) and r.attrs[0] == "sum" and self.contraction(r.args[0], r.attrs[1]):
+            if self.product is not None:
+                raise NotEligible("more than one matrix product over the loop axis")
+            self.product = r
+            self.state[r] = Val("acc", axes, "f32")
+            return
+        if axes != (self.row,):
+            raise NotEligible(f"{ir.show(r)[:60]}: a state over {axes}, not a row vector or the product")
+        var = self.fresh("r")
+        ident = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}[r.attrs[0]]
+        self.blocks[block].append(f"{var} = gl.full([{ROWS}], {ident}, gl.float32, S_ROWS)")
+        self.state[r] = Val(var, axes, "f32")
+
+    def update(self, r: Term) -> None:
+        if r is not self.product:
+            return super().update(r)
+        blk = self.ctx.body
+        va, vb, x, y, prec = self.dot_operands(r.args[0], r.attrs[1], False, zero_invalid=self.ctx.masked)
+        if vb.code != "<v>" or (x, y) != (self.row, self.col) or prec or va.dtype != self.dtype:
+            raise NotEligible(f"{ir.show(r)[:60]}: P V must multiply a 16-bit P by an input read as it is")
+        factor = None
+        if r.op == "roll":
+            rep = r.args[1]
+            parts = [a for a in rep.args if a.op != "acc"] if rep.op == "bin" and rep.attrs[0] == "mul" else []
+            if len(parts) != 1 or any(x.op == "acc" for x in ir.walk(parts[0])):
+                raise NotEligible(f"the repair {ir.show(rep)[:60]} is not a row factor times the state")
+            f = self.emit(parts[0])
+            if f.axes not in ((self.row,), ()):
+                raise NotEligible(f"the repair factor {ir.show(parts[0])[:60]} is not a row vector")
+            factor = f.code
+        self.p_tile[blk], self.factor[blk] = va.code, factor
+
+
+# the consumers take turns issuing their products: consumer 0's turn t follows t turns of consumer 1, consumer
+# 1's turn t follows t + 1 of consumer 0 (a fresh mbarrier passes a wait on parity 1)
+TAKE_TURN = "mbarrier.wait(turns.index(ME), (it & 1) ^ (1 - ME))"
+PASS_TURN = "mbarrier.arrive(turns.index(1 - ME), count=1)"
+
+
+def _block_lines(w: GluonWriter, blk: str, masked: bool) -> list[str]:
+    """One key block of a consumer: both products issued in its turn, the per-element work of this block while
+    the previous block's P V runs, then the repair of the state."""
+    loop = w.loop
+    lines = ["stage = it % STAGES",
+             "mbarrier.wait(kv_ready.index(stage), (it // STAGES) & 1)", TAKE_TURN,
+        "qk = warpgroup_mma(a_tile, b_smem.index(stage).reshape([BLOCK_J, INNER]).permute((1, 0)), zeros_s, "
+        "use_acc=False, is_async=True)",
+        "acc = warpgroup_mma(p16, v_smem.index(prev_stage).reshape([BLOCK_J, COLS]), acc, is_async=True)",
+        PASS_TURN,
+        "qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk,))",
+        f"offs_{loop} = start + gl.arange(0, BLOCK_J, layout=S_COLS)"]
+    if masked:
+        lines.append(f"valid_{loop} = offs_{loop} < {w.ext(loop)}")
+    lines += [gluonize(x) for x in w.blocks[blk]]
+    lines += ["acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))",
+              "mbarrier.arrive(kv_empty.index(prev_stage), count=1, pred=it > 0)"]
+    if w.factor[blk] is not None:
+        lines.append(f"acc = acc * gl.convert_layout(gl.zeros([{ROWS}], gl.float32, S_ROWS) + {w.factor[blk]}, "
+                     f"O_ROWS)[:, None]")
+    lines += [f"p16 = gl.convert_layout({w.p_tile[blk]}, P_LAYOUT)", "prev_stage = stage", "it += 1"]
+    return lines
+
+
+def eligible(sched: Schedule) -> str | None:
+    """None when the schedule has a warp-specialized Gluon form, else why not."""
+    try:
+        gluon_source(sched, "probe")
+    except NotEligible as e:
+        return str(e)
+    return None
+
+
+def _check_shape(sched: Schedule) -> None:
+    spec = sched.spec
+    if sched.loop is None or sched.row is None or sched.col is None or sched.split or sched.writes_loop:
+        raise NotEligible("not a rolled pass over a loop axis writing row x column tiles")
+    if sched.passes != 1:
+        raise NotEligible(f"{sched.passes} passes over {sched.loop}: the reductions are not all rolled into one")
+    if spec.output_index is not None or tuple(spec.output_axes[-2:]) != (sched.row, sched.col):
+        raise NotEligible("the output is not written as [..., row, col]")
+    if len(sched.inner) != 1:
+        raise NotEligible(f"in-tile reduction axes {sched.inner}: the per-block product needs exactly one")
+    for ax in (sched.col, sched.inner[0]):
+        if spec.extent(ax) not in (64, 128):
+            raise NotEligible(f"axis {ax} has extent {spec.extent(ax)}; the warpgroup products take 64 or 128")
+
+
+def gluon_source(sched: Schedule, name: str) -> tuple[str, GluonWriter]:
+    """The Gluon kernel `{name}_gluon_kernel` of a qualifying schedule (raises NotEligible)."""
+    from .module import _bounds, _pass_bounds   # the key-block bounds are shared with the Triton kernels
+
+    _check_shape(sched)
+    w = GluonWriter(sched, name)
+    row, loop, col = sched.row, sched.loop, sched.col
+    inner = sched.inner[0]
+    grows = _bounds(w, sched.reductions)
+    # later row blocks see more keys (a causal mask): run the longest first, so the last wave is short
+    head = ["pid_row = gl.num_programs(0) - 1 - gl.program_id(0)" if grows is not None and grows.work_grows
+            else "pid_row = gl.program_id(0)", "pid_grid = gl.program_id(1)"]
+    rest = "pid_grid"
+    for k, g in enumerate(reversed(sched.grid)):
+        if k == len(sched.grid) - 1:
+            head.append(f"{g} = {rest}")
+        else:
+            head += [f"{g} = {rest} % {w.ext(g)}", f"rest{k} = {rest} // {w.ext(g)}"]
+            rest = f"rest{k}"
+    head += ["i_lo = pid_row * BLOCK_I", f"i_hi = gl.minimum(i_lo + BLOCK_I, {w.ext(row)}) - 1"]
+    rows = [f"offs_{row} = i_lo + ME * {ROWS} + gl.arange(0, {ROWS}, layout=S_ROWS)",
+            f"valid_{row} = offs_{row} < {w.ext(row)}"]
+
+    reds = sched.in_pass(0)
+    w.ctx = Context("body0", "pre0", complete=set(), running=set(reds))
+    for r in reds:
+        w.init_state(r, "init0")
+    if w.product is None:
+        raise NotEligible(f"no matrix product over {loop}")
+    for masked in (True, False):
+        blk = f"body0{'m' if masked else 'u'}"
+        w.ctx.body, w.ctx.masked = blk, masked
+        for r in reds:
+            w.update(r)
+        used = " ".join(w.blocks[blk])
+        w.blocks[blk][:0] = [f"{w.state[r].code}_prev = {w.state[r].code}" for r in reds
+                             if f"{w.state[r].code}_prev" in used]
+    if set(w.operands) != {"a", "b", "v"}:
+        raise NotEligible("the matrix products do not read two inputs per block and one once")
+    bounds = [gluonize(x) for x in _pass_bounds(w, 0, reds)]
+    if w.blocks["pre0"]:
+        raise NotEligible("values computed between passes")
+
+    w.ctx = Context("epilogue", "epilogue", complete=set(reds), running=set())
+    out = w.emit(sched.term)
+    if out.axes != (row, col) or w.spec.output_dtype != w.dtype:
+        raise NotEligible("the output is not a row x column tile of the operands' type (it leaves through A's buffer)")
+    out_coords = [a if a in sched.grid else "0" for a in sched.spec.output_axes[:-2]] + [f"i_lo + ME * {ROWS}", "0"]
+
+    (a_param, a_coords, a_blocks), (b_param, b_coords, b_blocks), (v_param, v_coords, v_blocks) = (
+        w.operands[k] for k in ("a", "b", "v"))
+    dims = w.dims
+    pointers = []
+    for n in w.pointer_inputs:
+        pointers += [f"{n}_ptr"] + [f"{n}_s{k}" for k in range(len(w.spec.inputs[n].shape))]
+    params = [a_param, b_param, v_param, "out_desc"] + pointers + dims
+    shared = ["a_smem", "b_smem", "v_smem", "a_bar", "kv_ready", "kv_empty", "turns"]
+    consts = ["BLOCK_I", "BLOCK_J", "STAGES"]
+    dt = GLUON_DTYPE[w.dtype]
+    dims_of = (lambda blocks: "[" + ", ".join(blocks) + "]")
+    nbytes = f"{a_param}.block_type.nbytes"
+    producer = head + bounds + [
+        f"mbarrier.expect(a_bar, {nbytes})",
+        f"tma.async_copy_global_to_shared({a_param}, [{', '.join(a_coords)}], a_bar, a_smem)",
+        "for it in range(gl.cdiv(hi - lo, BLOCK_J)):",
+        "    start = lo + it * BLOCK_J",
+        "    stage = it % STAGES",
+        "    mbarrier.wait(kv_empty.index(stage), ((it // STAGES) & 1) ^ 1)   # a fresh barrier passes parity 1",
+        f"    mbarrier.expect(kv_ready.index(stage), {b_param}.block_type.nbytes + {v_param}.block_type.nbytes)",
+        f"    tma.async_copy_global_to_shared({b_param}, [{', '.join(b_coords)}], kv_ready.index(stage), "
+        "b_smem.index(stage))",
+        f"    tma.async_copy_global_to_shared({v_param}, [{', '.join(v_coords)}], kv_ready.index(stage), "
+        "v_smem.index(stage))"]
+    layouts = [
+        f"INNER: gl.constexpr = {w.ext(inner)}",
+        f"COLS: gl.constexpr = {w.ext(col)}",
+        "S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], "
+        "instr_shape=[16, BLOCK_J, 16])",
+        "O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], "
+        "instr_shape=[16, COLS, 16])",
+        "P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)",
+        "S_ROWS: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)",
+        "S_COLS: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)",
+        "O_ROWS: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)"]
+    consumer = layouts + head + rows + [gluonize(x) for x in w.blocks["prologue"]] + bounds + [
+        f"a_tile = a_smem.reshape([BLOCK_I, INNER]).slice(ME * {ROWS}, {ROWS})"] + [
+        gluonize(x) for x in w.blocks["init0"]] + [
+        f"acc = gl.zeros([{ROWS}, COLS], gl.float32, O_LAYOUT)",
+        f"p16 = gl.zeros([{ROWS}, BLOCK_J], {dt}, P_LAYOUT)   # the first block's P V adds nothing",
+        f"zeros_s = gl.zeros([{ROWS}, BLOCK_J], gl.float32, S_LAYOUT)",
+        "prev_stage = 0",
+        "it = 0",
+        "mbarrier.wait(a_bar, 0)"]
+    # (peeling the first block out of the loops, to skip its empty P V, ran slower on an H100: 0.75x cuDNN
+    # instead of 0.84x at grouped-query S 1024, 0.95x instead of 1.00x at global S 4096)
+    for lo, hi, masked in (("lo", "full_lo", True), ("full_lo", "full_hi", False), ("full_hi", "hi", True)):
+        consumer.append(f"for start in range({lo}, {hi}, BLOCK_J):")
+        consumer += ["    " + x for x in _block_lines(w, f"body0{'m' if masked else 'u'}", masked)]
+    consumer += ["# the last block's P V (a turn is taken even without blocks, so both consumers take as many)"]
+    consumer += [
+        TAKE_TURN,
+        "if it > 0:",
+        "    acc = warpgroup_mma(p16, v_smem.index(prev_stage).reshape([BLOCK_J, COLS]), acc, is_async=True)",
+        "    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))",
+        PASS_TURN,
+        "mbarrier.arrive(kv_empty.index(prev_stage), count=1, pred=it > 0)",
+        "# the output leaves through this consumer's rows of A, which no product reads any more"]
+    consumer += [gluonize(x) for x in w.blocks["epilogue"]] + [
+        f"a_tile.store({out.code}.to({GLUON_DTYPE[w.spec.output_dtype]}))",
+        "fence_async_shared()",
+        f"tma.async_copy_shared_to_global(out_desc, [{', '.join(out_coords)}], "
+        f"a_smem.slice(ME * {ROWS}, {ROWS}, dim={len(out_coords) - 2}))",
+        "tma.store_wait(pendings=0)"]
+
+    args = ", ".join(params + shared)
+    sig = ", ".join(params + shared + [f"{c}: gl.constexpr" for c in consts])
+    top_sig = ", ".join(params + [f"{c}: gl.constexpr" for c in consts])
+    kernel = [
+        f"a_smem = gl.allocate_shared_memory({dt}, {dims_of(a_blocks)}, {a_param}.layout)",
+        f"b_smem = gl.allocate_shared_memory({dt}, [STAGES] + {dims_of(b_blocks)}, {b_param}.layout)",
+        f"v_smem = gl.allocate_shared_memory({dt}, [STAGES] + {dims_of(v_blocks)}, {v_param}.layout)",
+        "a_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())",
+        "kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())",
+        "kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())",
+        f"turns = gl.allocate_shared_memory(gl.int64, [{CONSUMERS}, 1], mbarrier.MBarrierLayout())",
+        "mbarrier.init(a_bar, count=1)",
+        "for s in gl.static_range(STAGES):",
+        "    mbarrier.init(kv_ready.index(s), count=1)",
+        f"    mbarrier.init(kv_empty.index(s), count={CONSUMERS})   # both consumers release a stage",
+        f"for c in gl.static_range({CONSUMERS}):",
+        "    mbarrier.init(turns.index(c), count=1)",
+        "fence_async_shared()",
+        "gl.warp_specialize([",
+        f"    ({name}_producer, ({args}, {', '.join(consts)})),",
+        f"    ({name}_consumer, ({args}, {', '.join(consts)}, gl.constexpr(0))),",
+        f"    ({name}_consumer, ({args}, {', '.join(consts)}, gl.constexpr(1))),",
+        "], [4, 4], [240, 240])"]
+    src = (f"@gluon.jit\ndef {name}_producer({sig}):\n" + textwrap.indent("\n".join(producer), "    ") +
+           f"\n\n\n@gluon.jit\ndef {name}_consumer({sig}, ME: gl.constexpr):\n"
+           + textwrap.indent("\n".join(consumer), "    ") +
+           f"\n\n\n@gluon.jit\ndef {name}_gluon_kernel({top_sig}):\n" + textwrap.indent("\n".join(kernel), "    ")
+           + "\n")
+    w.params, w.constexprs = params, consts
+    w.out_block = ["1"] * (len(out_coords) - 2) + [str(ROWS), w.ext(col)]
+    return src, w

@@ -1,0 +1,133 @@
+"""The warp-specialized Gluon kernel (codegen/gluon.py): which plans get one, that it compiles for Hopper as
+three partitions of warps, and that the module's Triton kernel still runs beside it.
+
+Gluon kernels run on Hopper GPUs only (no interpreter): here they are compiled for an H100 without one; their
+outputs are checked against float64 on the GPU by bench/attention.py (bench/results/h100-gluon-kernels).
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from neptune_eqsat.codegen.gluon import eligible
+from neptune_eqsat.reference import evaluate, random_inputs, tolerance
+from neptune_eqsat.tune import candidates, tune
+
+from conftest import SPECS, compiled
+
+PREFILL = ["global_pf", "causal_pf", "gqa_pf", "alibi_pf", "softcap_pf", "window_pf"]
+
+
+@pytest.mark.parametrize("name", PREFILL)
+def test_rolled_prefill_plans_get_a_warp_specialized_kernel(name):
+    result, mod = compiled(str(SPECS / f"{name}.py"))
+    assert eligible(result.candidates[0].sched) is None
+    assert f"def {name}_gluon_kernel(" in result.source and "gl.warp_specialize(" in result.source
+    assert mod.CONFIG["BACKEND"] == "gluon" and mod.INTERPRETER_CONFIG["BACKEND"] == "triton"
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("softmax", "not a rolled pass over a loop axis writing row x column tiles"),
+    ("causal_dc", "not a rolled pass over a loop axis writing row x column tiles"),
+])
+def test_other_plans_say_why_they_have_none(name, reason):
+    result, mod = compiled(str(SPECS / f"{name}.py"))
+    assert eligible(result.candidates[0].sched) == reason
+    assert "_gluon_kernel" not in result.source and "BACKEND" not in mod.CONFIG
+
+
+def test_the_triton_kernel_runs_beside_it_and_ignores_its_tunables():
+    """Under the interpreter (and on the GPU when tuning picks it) the Triton kernel runs; the Gluon kernel's
+    tunables in a config must not reach it."""
+    result, mod = compiled(str(SPECS / "softcap_pf.py"))
+    inputs = random_inputs(result.spec, {"B": 1, "S": 45}, seed=3)
+    out = mod.forward(*inputs.values(), config={"BACKEND": "triton", "WS_STAGES": 2, "WS_BLOCK_J": 64})
+    assert (out.double() - evaluate(result.spec, inputs)).abs().max().item() <= tolerance("f16")
+
+
+GLUON_PTX = r'''
+import importlib.util, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+for path in sys.argv[1:]:
+    spec = importlib.util.spec_from_file_location("generated", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    kernel = getattr(mod, mod.NAME + "_gluon_kernel")
+    cfg = mod.CONFIG
+    values = {"BLOCK_I": 128, "BLOCK_J": cfg["WS_BLOCK_J"], "STAGES": cfg["WS_STAGES"]}
+    signature, constants = {}, {}
+    for p in kernel.params:
+        if p.is_constexpr:
+            signature[p.name], constants[p.name] = "constexpr", values[p.name]
+        elif "_desc" in p.name:
+            tensor = p.name.split("_desc")[0]
+            dims = mod.INPUTS[tensor][1] if tensor in mod.INPUTS else mod.INPUTS["q"][1]
+            rows = 64 if tensor == "out" else values["BLOCK_I"] if tensor == "q" else values["BLOCK_J"]
+            block = [1] * (len(dims) - 2) + [rows, dims[-1]]
+            layout = gl.NVMMASharedLayout.get_default_for(block, gl.float16)
+            signature[p.name] = f"tensordesc<fp16[{', '.join(map(str, block))}],{layout!r}>"
+        elif p.name.endswith("_ptr"):
+            signature[p.name] = {"float32": "*fp32", "float16": "*fp16"}[mod.INPUTS[p.name[:-4]][0]]
+        else:
+            signature[p.name] = "i32"
+    compiled = triton.compile(GluonASTSource(kernel, signature, constexprs=constants),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 168})
+    ptx = compiled.asm["ptx"]
+    regs = sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)))
+    print(mod.NAME, compiled.metadata.num_warps, compiled.metadata.shared, ptx.count("wgmma.mma_async"), regs)
+'''
+
+
+def test_the_gluon_kernels_compile_for_hopper_as_three_partitions(tmp_path):
+    """Every prefill module's Gluon kernel compiles for an H100 (to PTX and through ptxas): 12 warps, the two
+    consumer warpgroups raised to 240 registers and the producer lowered to 24, warpgroup matrix products, and
+    its ring of 3 key/value stages in shared memory."""
+    paths = []
+    for name in PREFILL:
+        result, _ = compiled(str(SPECS / f"{name}.py"))
+        paths.append(tmp_path / f"{name}.py")
+        paths[-1].write_text(result.source)
+    script = tmp_path / "ptx.py"
+    script.write_text(GLUON_PTX)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    lines = subprocess.run([sys.executable, str(script), *map(str, paths)], env=env, check=True,
+                           capture_output=True, text=True, timeout=900).stdout.splitlines()
+    assert [line.split()[0] for line in lines] == PREFILL
+    for line in lines:
+        name, warps, shared, products, regs = line.split(maxsplit=4)
+        assert int(warps) == 12
+        assert 3 * 2 * 128 * 128 * 2 < int(shared) <= 232448   # three stages of K and V, Q, within 227 KiB
+        assert int(products) > 0
+        assert "('inc', '240')" in regs and "('dec', '24')" in regs
+
+
+def test_tuning_varies_only_the_tunables_of_the_kernel_that_runs():
+    config = {"num_warps": 8, "num_stages": 3, "BLOCK_I": 128, "BLOCK_J": 128, "BACKEND": "gluon",
+              "WS_BLOCK_J": 128, "WS_STAGES": 3}
+    grid = candidates(config)
+    assert grid[0] == config
+    gluon = [c for c in grid if c["BACKEND"] == "gluon"]
+    assert len(gluon) == 4 and all(c["num_warps"] == 8 and c["BLOCK_I"] == 128 for c in gluon)
+    assert all(c["WS_BLOCK_J"] == 128 and c["WS_STAGES"] == 3 for c in grid if c["BACKEND"] == "triton")
+    assert len({tuple(c.values()) for c in grid}) == len(grid)
+
+
+def test_a_config_measured_best_before_is_tried_right_after_the_default():
+    config = {"num_warps": 8, "BLOCK_I": 128, "BACKEND": "gluon", "WS_BLOCK_J": 128, "WS_STAGES": 3}
+    earlier = {"num_warps": 4, "BLOCK_I": 64, "BACKEND": "triton"}
+    seen = []
+
+    def forward(*inputs, config):
+        seen.append(config)
+
+    def measure(fn):   # the earlier config is the fastest
+        fn()
+        return 1.0 if seen[-1]["num_warps"] == 4 else 2.0
+
+    result = tune(forward, [], config, budget=60.0, measure=measure, progress=None, seeds=[earlier])
+    assert seen[0] == config and seen[1] == {**config, **earlier}
+    assert result.best == {**config, **earlier}
