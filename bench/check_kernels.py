@@ -9,7 +9,6 @@ reference says so too), and no output may hold a NaN. Imports torch, triton and 
 package (spec language and reference).
 """
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -18,13 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from neptune_eqsat.reference import evaluate, random_inputs, tolerance   # noqa: E402
 from neptune_eqsat.spec import load_spec   # noqa: E402
-
-
-def load(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from sweep_configs import load   # noqa: E402
 
 
 def main() -> int:

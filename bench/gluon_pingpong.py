@@ -20,19 +20,15 @@ Both consumers read the same K/V stage; a stage is refilled when both have relea
 Shapes are multiples of 128 (the point is speed). Each output is compared with SDPA's math backend in float32
 before it is timed. Imports only torch and triton.
 """
-import argparse
 import math
-from pathlib import Path
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from gluon_prefill import descriptors
 
-HERE = Path(__file__).resolve().parent
 HEADS, DIM = 32, 128
 LOG2E = 1.4426950408889634
 ROWS = gl.constexpr(64)          # query rows per consumer warpgroup (one m64 warpgroup product per block)
@@ -68,6 +64,15 @@ def _take_turn(turns, turn, ME: gl.constexpr, PINGPONG: gl.constexpr):
 def _pass_turn(turns, ME: gl.constexpr, PINGPONG: gl.constexpr):
     if PINGPONG:
         mbarrier.arrive(turns.index(1 - ME), count=1)
+
+
+@gluon.jit
+def _online_softmax(qk, m_i, l_i, qk_scale):
+    """Probabilities of one block of raw scores, the rescale factor of what came before, new max and sum."""
+    m_new = gl.maximum(m_i, gl.max(qk, axis=1) * qk_scale)
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(qk * qk_scale - m_new[:, None])
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
 
 
 @gluon.jit
@@ -110,11 +115,7 @@ def _consumer(o_desc, q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, turns, 
             acc = warpgroup_mma(p16, v_smem.index(prev), acc, is_async=True)
             _pass_turn(turns, ME, PINGPONG)
             qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk,))
-            m_new = gl.maximum(m_i, gl.max(qk, axis=1) * qk_scale)
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(qk * qk_scale - m_new[:, None])
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
+            p, alpha, m_i, l_i = _online_softmax(qk, m_i, l_i, qk_scale)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(kv_empty.index(prev), count=1)
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
@@ -133,11 +134,7 @@ def _consumer(o_desc, q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, turns, 
             qk = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
             _pass_turn(turns, ME, PINGPONG)
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
-            m_new = gl.maximum(m_i, gl.max(qk, axis=1) * qk_scale)
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(qk * qk_scale - m_new[:, None])
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
+            p, alpha, m_i, l_i = _online_softmax(qk, m_i, l_i, qk_scale)
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             p16 = gl.convert_layout(p.to(gl.float16), p_layout)
             acc = warpgroup_mma(p16, v_smem.index(stage), acc, is_async=True)
@@ -187,11 +184,8 @@ def pingpong_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, N_CTX,
 def pingpong_attention(q, k, v, pingpong=True, overlap=True, block_n=128, stages=2, maxnreg=168):
     B, H, N, D = q.shape
     o = torch.empty_like(q)
-    flat = [x.reshape(B * H * N, D) for x in (q, k, v, o)]
     rows, tile = ROWS.value, ROWS.value * CONSUMERS.value
-    blocks = ([tile, D], [block_n, D], [block_n, D], [rows, D])
-    descs = [TensorDescriptor(x, list(x.shape), list(x.stride()), blk,
-                              gl.NVMMASharedLayout.get_default_for(blk, gl.float16)) for x, blk in zip(flat, blocks)]
+    descs = descriptors((q, k, v, o), ([tile, D], [block_n, D], [block_n, D], [rows, D]))
     grid = (N // tile, B * H)
     pingpong_kernel[grid](*descs, LOG2E / math.sqrt(D), N, BLOCK_N=block_n, HEAD_DIM=D, STAGES=stages,
                           PINGPONG=int(pingpong), OVERLAP=int(overlap), num_warps=4, maxnreg=maxnreg)
@@ -199,49 +193,18 @@ def pingpong_attention(q, k, v, pingpong=True, overlap=True, block_n=128, stages
 
 
 def main() -> None:
-    from gluon_prefill import gluon_attention
-    from sweep_configs import cudnn_attention, load
+    from gluon_prefill import compare, gluon_attention
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seqs", default="1024,4096,16384")
-    ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
-    print(torch.cuda.get_device_name(), f"torch {torch.__version__} triton {triton.__version__}")
-    generated = load(HERE / "generated" / "global_pf.py")
-    for S in map(int, args.seqs.split(",")):
-        q, k, v = (torch.randn(1, HEADS, S, DIM, device="cuda", dtype=torch.float16) for _ in range(3))
-        want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
-        flops = 4 * HEADS * S * S * DIM
-        systems = {"generated": lambda: generated.forward(q, k, v), "cudnn": lambda: cudnn_attention(q, k, v),
-                   "gluon_serial_n128_s3": lambda: gluon_attention(q, k, v, False, block_n=128, stages=3)}
+    def variants(q, k, v):
+        out = {"gluon_serial_n128_s3": lambda: gluon_attention(q, k, v, False, block_n=128, stages=3)}
         for pingpong in (0, 1):
             for overlap in (0, 1):
                 for stages in (2, 3):
-                    systems[f"ws_pp{pingpong}_ov{overlap}_s{stages}"] = (
+                    out[f"ws_pp{pingpong}_ov{overlap}_s{stages}"] = (
                         lambda pingpong=pingpong, overlap=overlap, stages=stages:
                         pingpong_attention(q, k, v, pingpong, overlap, stages=stages))
-        times = {}
-        for name, fn in list(systems.items()):
-            try:
-                err = (fn().float() - want).abs().max().item()
-            except Exception as e:   # e.g. out of shared memory
-                print(f"  {name}: {type(e).__name__}: {str(e)[:300]}")
-                del systems[name]
-                continue
-            if not err < 2e-2:
-                print(f"  {name}: WRONG, max error {err}")
-                del systems[name]
-                continue
-            times[name] = []
-        for _ in range(args.rounds):
-            for name, fn in systems.items():
-                times[name].append(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-        cudnn = sorted(times["cudnn"])[len(times["cudnn"]) // 2] if "cudnn" in times else math.nan
-        for name, ts in sorted(times.items(), key=lambda kv: sorted(kv[1])[len(kv[1]) // 2]):
-            ms = sorted(ts)[len(ts) // 2]
-            print(f"global_pf S={S:6d} {name:22s} {ms * 1e3:8.1f} us {flops / ms / 1e9:6.1f} TF/s "
-                  f"{cudnn / ms:5.2f}x cuDNN", flush=True)
-
+        return out
+    compare(variants)
 
 if __name__ == "__main__":
     main()

@@ -136,13 +136,17 @@ def attention_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, N_CTX,
     tma.store_wait(pendings=0)
 
 
+def descriptors(tensors, blocks):
+    """Copy-engine descriptors of [B, H, N, D] tensors viewed as [B*H*N, D], in the given blocks."""
+    flat = [x.reshape(-1, x.shape[-1]) for x in tensors]
+    return [TensorDescriptor(x, list(x.shape), list(x.stride()), blk,
+                             gl.NVMMASharedLayout.get_default_for(blk, gl.float16)) for x, blk in zip(flat, blocks)]
+
+
 def gluon_attention(q, k, v, overlap, block_m=128, block_n=128, stages=2, num_warps=8):
     B, H, N, D = q.shape
     o = torch.empty_like(q)
-    flat = [x.reshape(B * H * N, D) for x in (q, k, v, o)]
-    blocks = ([block_m, D], [block_n, D], [block_n, D], [block_m, D])
-    descs = [TensorDescriptor(x, list(x.shape), list(x.stride()), blk,
-                              gl.NVMMASharedLayout.get_default_for(blk, gl.float16)) for x, blk in zip(flat, blocks)]
+    descs = descriptors((q, k, v, o), ([block_m, D], [block_n, D], [block_n, D], [block_m, D]))
     grid = (N // block_m, B * H)
     attention_kernel[grid](*descs, LOG2E / math.sqrt(D), N, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=D,
                            STAGES=stages, OVERLAP=int(overlap), num_warps=num_warps)
@@ -150,6 +154,20 @@ def gluon_attention(q, k, v, overlap, block_m=128, block_n=128, stages=2, num_wa
 
 
 def main() -> None:
+    def variants(q, k, v):
+        out = {}
+        for overlap in (0, 1):
+            for block_n, stages in ((128, 2), (128, 3), (64, 3), (64, 4)):
+                out[f"gluon_{'overlap' if overlap else 'serial'}_n{block_n}_s{stages}"] = (
+                    lambda overlap=overlap, block_n=block_n, stages=stages:
+                    gluon_attention(q, k, v, overlap, block_n=block_n, stages=stages))
+        return out
+    compare(variants)
+
+
+def compare(variants) -> None:
+    """For each --seqs length: the emitted module, cuDNN and `variants(q, k, v)` (name -> call) on the same
+    random global-prefill inputs, checked and timed (see time_and_print)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--seqs", default="1024,4096,16384")
     ap.add_argument("--rounds", type=int, default=3)
@@ -159,35 +177,33 @@ def main() -> None:
     for S in map(int, args.seqs.split(",")):
         q, k, v = (torch.randn(1, HEADS, S, DIM, device="cuda", dtype=torch.float16) for _ in range(3))
         want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
-        flops = 4 * HEADS * S * S * DIM
-        systems = {"generated": lambda: generated.forward(q, k, v), "cudnn": lambda: cudnn_attention(q, k, v)}
-        for overlap in (0, 1):
-            for block_n, stages in ((128, 2), (128, 3), (64, 3), (64, 4)):
-                systems[f"gluon_{'overlap' if overlap else 'serial'}_n{block_n}_s{stages}"] = (
-                    lambda overlap=overlap, block_n=block_n, stages=stages:
-                    gluon_attention(q, k, v, overlap, block_n=block_n, stages=stages))
-        times = {}
-        for name, fn in list(systems.items()):
-            try:
-                err = (fn().float() - want).abs().max().item()
-            except Exception as e:   # e.g. out of shared memory
-                print(f"  {name}: {type(e).__name__}: {str(e)[:300]}")
-                del systems[name]
-                continue
-            if not err < 2e-2:
-                print(f"  {name}: WRONG, max error {err}")
-                del systems[name]
-                continue
-            times[name] = []
-        for _ in range(args.rounds):
-            for name, fn in systems.items():
-                times[name].append(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-        cudnn = sorted(times["cudnn"])[len(times["cudnn"]) // 2] if "cudnn" in times else math.nan
-        for name, ts in sorted(times.items(), key=lambda kv: sorted(kv[1])[len(kv[1]) // 2]):
-            ms = sorted(ts)[len(ts) // 2]
-            print(f"global_pf S={S:6d} {name:20s} {ms * 1e3:8.1f} us {flops / ms / 1e9:6.1f} TF/s "
-                  f"{cudnn / ms:5.2f}x cuDNN", flush=True)
+        systems = {"generated": lambda: generated.forward(q, k, v), "cudnn": lambda: cudnn_attention(q, k, v),
+                   **variants(q, k, v)}
+        time_and_print(systems, want, 4 * HEADS * S * S * DIM, S, args.rounds)
 
+
+def time_and_print(systems: dict, want, flops: float, S: int, rounds: int) -> None:
+    """Check each system's output against `want` (dropping failures and wrong outputs), time the rest in turns
+    for `rounds` rounds with do_bench, and print their medians, fastest first, as TF/s and against cuDNN."""
+    times = {}
+    for name, fn in list(systems.items()):
+        try:
+            err = (fn().float() - want).abs().max().item()
+        except Exception as e:   # e.g. out of shared memory
+            print(f"  {name}: {type(e).__name__}: {str(e)[:300]}")
+            continue
+        if not err < 2e-2:
+            print(f"  {name}: WRONG, max error {err}")
+            continue
+        times[name] = []
+    for _ in range(rounds):
+        for name in times:
+            times[name].append(triton.testing.do_bench(systems[name], warmup=25, rep=100, return_mode="median"))
+    median = {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+    cudnn = median.get("cudnn", math.nan)
+    for name, ms in sorted(median.items(), key=lambda kv: kv[1]):
+        print(f"global_pf S={S:6d} {name:22s} {ms * 1e3:8.1f} us {flops / ms / 1e9:6.1f} TF/s "
+              f"{cudnn / ms:5.2f}x cuDNN", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -200,7 +200,7 @@ def _check_shape(sched: Schedule) -> None:
 
 def gluon_source(sched: Schedule, name: str) -> tuple[str, GluonWriter]:
     """The Gluon kernel `{name}_gluon_kernel` of a qualifying schedule (raises NotEligible)."""
-    from .module import _bounds, _pass_bounds   # the key-block bounds are shared with the Triton kernels
+    from .module import _bounds, _pass_bounds, grid_index_lines   # shared with the Triton kernels
 
     _check_shape(sched)
     w = GluonWriter(sched, name)
@@ -209,14 +209,7 @@ def gluon_source(sched: Schedule, name: str) -> tuple[str, GluonWriter]:
     grows = _bounds(w, sched.reductions)
     # later row blocks see more keys (a causal mask): run the longest first, so the last wave is short
     head = ["pid_row = gl.num_programs(0) - 1 - gl.program_id(0)" if grows is not None and grows.work_grows
-            else "pid_row = gl.program_id(0)", "pid_grid = gl.program_id(1)"]
-    rest = "pid_grid"
-    for k, g in enumerate(reversed(sched.grid)):
-        if k == len(sched.grid) - 1:
-            head.append(f"{g} = {rest}")
-        else:
-            head += [f"{g} = {rest} % {w.ext(g)}", f"rest{k} = {rest} // {w.ext(g)}"]
-            rest = f"rest{k}"
+            else "pid_row = gl.program_id(0)", "pid_grid = gl.program_id(1)"] + grid_index_lines(w, sched)
     head += ["i_lo = pid_row * BLOCK_I", f"i_hi = gl.minimum(i_lo + BLOCK_I, {w.ext(row)}) - 1"]
     rows = [f"offs_{row} = i_lo + ME * {ROWS} + gl.arange(0, {ROWS}, layout=S_ROWS)",
             f"valid_{row} = offs_{row} < {w.ext(row)}"]

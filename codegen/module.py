@@ -80,6 +80,18 @@ def _pass_bounds(w: KernelWriter, p: int, reds: list[ir.Term]) -> list[str]:
     return [f"{x}  # pass {p}" if i == 0 else x for i, x in enumerate(lines)]
 
 
+def grid_index_lines(w: KernelWriter, sched: Schedule) -> list[str]:
+    """The grid axes' indices from program axis 1 (pid_grid), the last grid axis varying fastest."""
+    lines, rest = [], "pid_grid"
+    for k, g in enumerate(reversed(sched.grid)):
+        if k == len(sched.grid) - 1:
+            lines.append(f"{g} = {rest}")
+        else:
+            lines += [f"{g} = {rest} % {w.ext(g)}", f"rest{k} = {rest} // {w.ext(g)}"]
+            rest = f"rest{k}"
+    return lines
+
+
 def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, combine: KernelWriter | None = None,
                   tile: bool = False) -> tuple[str, KernelWriter]:
     """The kernel of a schedule. With `partials` (a split plan's workspaces) it is the partial-results kernel:
@@ -114,13 +126,7 @@ def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, c
             head += ["pid_row = tl.program_id(0)"]
     if not tile and not w.row_order:
         head += ["pid_grid = tl.program_id(1)"]
-    rest = "pid_grid"
-    for k, g in enumerate(reversed(sched.grid)):
-        if k == len(sched.grid) - 1:
-            head.append(f"{g} = {rest}")
-        else:
-            head += [f"{g} = {rest} % {w.ext(g)}", f"rest{k} = {rest} // {w.ext(g)}"]
-            rest = f"rest{k}"
+    head += grid_index_lines(w, sched)
     for a in w.tile_axes:
         if a == loop:
             continue
