@@ -2,13 +2,14 @@
 module can run (`BACKEND` gluon and triton where it has both), on random inputs at lengths that are not
 multiples of the blocks. Kernels without an interpreter (Gluon) are checked here rather than in the tests.
 
-    python bench/check_kernels.py --specs DIR --modules DIR [--shapes "B=2,S=333;B=1,S=1000"]
+    python bench/check_kernels.py --specs DIR --modules DIR [--shapes "B=2,S=333;B=1,S=1000"] [--config JSON]
 
 Each module DIR/X.py is paired with the spec DIR/X.py. A row fully masked by its spec must come out 0 (the
 reference says so too), and no output may hold a NaN. Imports torch, triton and the egglog-free part of the
 package (spec language and reference).
 """
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -25,6 +26,7 @@ def main() -> int:
     ap.add_argument("--specs", required=True)
     ap.add_argument("--modules", required=True)
     ap.add_argument("--shapes", default="B=2,S=333;B=1,S=1000")
+    ap.add_argument("--config", type=json.loads, default={}, help='entries added to every config, as JSON')
     args = ap.parse_args()
     print(torch.cuda.get_device_name())
     failures = 0
@@ -38,7 +40,8 @@ def main() -> int:
             ref = evaluate(spec, inputs)
             cuda = {n: x.cuda() for n, x in inputs.items()}
             for backend in backends:
-                out = mod.forward(*cuda.values(), config=None if backend is None else {"BACKEND": backend}).cpu()
+                config = {**args.config, **({} if backend is None else {"BACKEND": backend})}
+                out = mod.forward(*cuda.values(), config=config).cpu()
                 err = (out.double() - ref).abs().max().item()
                 zero_rows = int((ref.abs().amax(dim=-1) == 0).sum())
                 nan = bool(torch.isnan(out).any())

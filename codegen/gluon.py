@@ -146,8 +146,8 @@ class GluonWriter(KernelWriter):
 
 # the consumers take turns issuing their products: consumer 0's turn t follows t turns of consumer 1, consumer
 # 1's turn t follows t + 1 of consumer 0 (a fresh mbarrier passes a wait on parity 1)
-TAKE_TURN = "mbarrier.wait(turns.index(ME), (it & 1) ^ (1 - ME))"
-PASS_TURN = "mbarrier.arrive(turns.index(1 - ME), count=1)"
+TAKE_TURN = "mbarrier.wait(turns.index(ME), (turn & 1) ^ (1 - ME))"
+PASS_TURN = ["mbarrier.arrive(turns.index(1 - ME), count=1)", "turn += 1"]
 
 
 def _block_lines(w: GluonWriter, blk: str, masked: bool) -> list[str]:
@@ -158,15 +158,14 @@ def _block_lines(w: GluonWriter, blk: str, masked: bool) -> list[str]:
              "mbarrier.wait(kv_ready.index(stage), (it // STAGES) & 1)", TAKE_TURN,
         "qk = warpgroup_mma(a_tile, b_smem.index(stage).reshape([BLOCK_J, INNER]).permute((1, 0)), zeros_s, "
         "use_acc=False, is_async=True)",
-        "acc = warpgroup_mma(p16, v_smem.index(prev_stage).reshape([BLOCK_J, COLS]), acc, is_async=True)",
-        PASS_TURN,
+        "acc = warpgroup_mma(p16, v_smem.index(prev_stage).reshape([BLOCK_J, COLS]), acc, is_async=True)"] + PASS_TURN + [
         "qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk,))",
         f"offs_{loop} = start + gl.arange(0, BLOCK_J, layout=S_COLS)"]
     if masked:
         lines.append(f"valid_{loop} = offs_{loop} < {w.ext(loop)}")
     lines += [gluonize(x) for x in w.blocks[blk]]
     lines += ["acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))",
-              "mbarrier.arrive(kv_empty.index(prev_stage), count=1, pred=it > 0)"]
+              "mbarrier.arrive(kv_empty.index(prev_stage), count=1, pred=it > first)"]
     if w.factor[blk] is not None:
         lines.append(f"acc = acc * gl.convert_layout(gl.zeros([{ROWS}], gl.float32, S_ROWS) + {w.factor[blk]}, "
                      f"O_ROWS)[:, None]")
@@ -207,9 +206,15 @@ def gluon_source(sched: Schedule, name: str) -> tuple[str, GluonWriter]:
     row, loop, col = sched.row, sched.loop, sched.col
     inner = sched.inner[0]
     grows = _bounds(w, sched.reductions)
-    # later row blocks see more keys (a causal mask): run the longest first, so the last wave is short
-    head = ["pid_row = gl.num_programs(0) - 1 - gl.program_id(0)" if grows is not None and grows.work_grows
-            else "pid_row = gl.program_id(0)", "pid_grid = gl.program_id(1)"] + grid_index_lines(w, sched)
+    # program p runs tiles p, p + programs, ...: one tile each where the launcher starts a program per tile, or
+    # as many as fit on the GPU at once (persistent: a tile's first blocks load while the last one finishes)
+    row_blocks = f"gl.cdiv({w.ext(row)}, BLOCK_I)"
+    tiles = " * ".join([row_blocks] + [w.ext(g) for g in sched.grid])
+    head = ["pid_row = tile % " + row_blocks, "pid_grid = tile // " + row_blocks]
+    if grows is not None and grows.work_grows:
+        # later row blocks see more keys (a causal mask): run the longest first, so the last wave is short
+        head[0] = f"pid_row = {row_blocks} - 1 - tile % {row_blocks}"
+    head += grid_index_lines(w, sched)
     head += ["i_lo = pid_row * BLOCK_I", f"i_hi = gl.minimum(i_lo + BLOCK_I, {w.ext(row)}) - 1"]
     rows = [f"offs_{row} = i_lo + ME * {ROWS} + gl.arange(0, {ROWS}, layout=S_ROWS)",
             f"valid_{row} = offs_{row} < {w.ext(row)}"]
@@ -247,23 +252,33 @@ def gluon_source(sched: Schedule, name: str) -> tuple[str, GluonWriter]:
     for n in w.pointer_inputs:
         pointers += [f"{n}_ptr"] + [f"{n}_s{k}" for k in range(len(w.spec.inputs[n].shape))]
     params = [a_param, b_param, v_param, "out_desc"] + pointers + dims
-    shared = ["a_smem", "b_smem", "v_smem", "a_bar", "kv_ready", "kv_empty", "turns"]
+    shared = ["a_smem", "b_smem", "v_smem", "a_bar", "a_free", "kv_ready", "kv_empty", "turns"]
     consts = ["BLOCK_I", "BLOCK_J", "STAGES"]
     dt = GLUON_DTYPE[w.dtype]
     dims_of = (lambda blocks: "[" + ", ".join(blocks) + "]")
     nbytes = f"{a_param}.block_type.nbytes"
-    producer = head + bounds + [
-        f"mbarrier.expect(a_bar, {nbytes})",
-        f"tma.async_copy_global_to_shared({a_param}, [{', '.join(a_coords)}], a_bar, a_smem)",
-        "for it in range(gl.cdiv(hi - lo, BLOCK_J)):",
-        "    start = lo + it * BLOCK_J",
-        "    stage = it % STAGES",
-        "    mbarrier.wait(kv_empty.index(stage), ((it // STAGES) & 1) ^ 1)   # a fresh barrier passes parity 1",
-        f"    mbarrier.expect(kv_ready.index(stage), {b_param}.block_type.nbytes + {v_param}.block_type.nbytes)",
-        f"    tma.async_copy_global_to_shared({b_param}, [{', '.join(b_coords)}], kv_ready.index(stage), "
+    tile_body = head + bounds + [
+        "n = gl.cdiv(hi - lo, BLOCK_J)",
+        "# A is copied after the tile's first blocks: those go while the last tile's output still leaves via A",
+        "a_after = gl.minimum(n, STAGES)",
+        "for blk in range(n + 1):",
+        "    if blk == a_after:",
+        "        mbarrier.wait(a_free, (tiles_done & 1) ^ 1)   # a fresh barrier passes parity 1",
+        f"        mbarrier.expect(a_bar, {nbytes})",
+        f"        tma.async_copy_global_to_shared({a_param}, [{', '.join(a_coords)}], a_bar, a_smem)",
+        "    if blk < n:",
+        "        start = lo + blk * BLOCK_J",
+        "        stage = it % STAGES",
+        "        mbarrier.wait(kv_empty.index(stage), ((it // STAGES) & 1) ^ 1)",
+        f"        mbarrier.expect(kv_ready.index(stage), {b_param}.block_type.nbytes + {v_param}.block_type.nbytes)",
+        f"        tma.async_copy_global_to_shared({b_param}, [{', '.join(b_coords)}], kv_ready.index(stage), "
         "b_smem.index(stage))",
-        f"    tma.async_copy_global_to_shared({v_param}, [{', '.join(v_coords)}], kv_ready.index(stage), "
-        "v_smem.index(stage))"]
+        f"        tma.async_copy_global_to_shared({v_param}, [{', '.join(v_coords)}], kv_ready.index(stage), "
+        "v_smem.index(stage))",
+        "        it += 1",
+        "tiles_done += 1"]
+    producer = ["it = 0   # key blocks copied, over all tiles (ring stage and phase)", "tiles_done = 0",
+                f"for tile in range(gl.program_id(0), {tiles}, gl.num_programs(0)):"] + ["    " + x for x in tile_body]
     layouts = [
         f"INNER: gl.constexpr = {w.ext(inner)}",
         f"COLS: gl.constexpr = {w.ext(col)}",
@@ -275,35 +290,40 @@ def gluon_source(sched: Schedule, name: str) -> tuple[str, GluonWriter]:
         "S_ROWS: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)",
         "S_COLS: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)",
         "O_ROWS: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)"]
-    consumer = layouts + head + rows + [gluonize(x) for x in w.blocks["prologue"]] + bounds + [
+    tile_body = head + rows + [gluonize(x) for x in w.blocks["prologue"]] + bounds + [
         f"a_tile = a_smem.reshape([BLOCK_I, INNER]).slice(ME * {ROWS}, {ROWS})"] + [
         gluonize(x) for x in w.blocks["init0"]] + [
         f"acc = gl.zeros([{ROWS}, COLS], gl.float32, O_LAYOUT)",
         f"p16 = gl.zeros([{ROWS}, BLOCK_J], {dt}, P_LAYOUT)   # the first block's P V adds nothing",
         f"zeros_s = gl.zeros([{ROWS}, BLOCK_J], gl.float32, S_LAYOUT)",
-        "prev_stage = 0",
-        "it = 0",
-        "mbarrier.wait(a_bar, 0)"]
+        "first = it",
+        "prev_stage = it % STAGES",
+        "mbarrier.wait(a_bar, tiles_done & 1)"]
     # (peeling the first block out of the loops, to skip its empty P V, ran slower on an H100: 0.75x cuDNN
     # instead of 0.84x at grouped-query S 1024, 0.95x instead of 1.00x at global S 4096)
     for lo, hi, masked in (("lo", "full_lo", True), ("full_lo", "full_hi", False), ("full_hi", "hi", True)):
-        consumer.append(f"for start in range({lo}, {hi}, BLOCK_J):")
-        consumer += ["    " + x for x in _block_lines(w, f"body0{'m' if masked else 'u'}", masked)]
-    consumer += ["# the last block's P V (a turn is taken even without blocks, so both consumers take as many)"]
-    consumer += [
+        tile_body.append(f"for start in range({lo}, {hi}, BLOCK_J):")
+        tile_body += ["    " + x for x in _block_lines(w, f"body0{'m' if masked else 'u'}", masked)]
+    tile_body += ["# the last block's P V (a turn is taken even without blocks, so both consumers take as many)"]
+    tile_body += [
         TAKE_TURN,
-        "if it > 0:",
+        "if it > first:",
         "    acc = warpgroup_mma(p16, v_smem.index(prev_stage).reshape([BLOCK_J, COLS]), acc, is_async=True)",
-        "    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))",
-        PASS_TURN,
-        "mbarrier.arrive(kv_empty.index(prev_stage), count=1, pred=it > 0)",
+        "    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))"] + PASS_TURN + [
+        "mbarrier.arrive(kv_empty.index(prev_stage), count=1, pred=it > first)",
         "# the output leaves through this consumer's rows of A, which no product reads any more"]
-    consumer += [gluonize(x) for x in w.blocks["epilogue"]] + [
+    tile_body += [gluonize(x) for x in w.blocks["epilogue"]] + [
         f"a_tile.store({out.code}.to({GLUON_DTYPE[w.spec.output_dtype]}))",
         "fence_async_shared()",
         f"tma.async_copy_shared_to_global(out_desc, [{', '.join(out_coords)}], "
         f"a_smem.slice(ME * {ROWS}, {ROWS}, dim={len(out_coords) - 2}))",
-        "tma.store_wait(pendings=0)"]
+        "tma.store_wait(pendings=0)",
+        "mbarrier.arrive(a_free, count=1)",
+        "tiles_done += 1"]
+    consumer = layouts + ["it = 0   # key blocks used, over all tiles (ring stage and phase)", "turn = 0",
+                          "tiles_done = 0",
+                          f"for tile in range(gl.program_id(0), {tiles}, gl.num_programs(0)):"] + [
+        "    " + x for x in tile_body]
 
     args = ", ".join(params + shared)
     sig = ", ".join(params + shared + [f"{c}: gl.constexpr" for c in consts])
@@ -316,7 +336,9 @@ def gluon_source(sched: Schedule, name: str) -> tuple[str, GluonWriter]:
         "kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())",
         "kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())",
         f"turns = gl.allocate_shared_memory(gl.int64, [{CONSUMERS}, 1], mbarrier.MBarrierLayout())",
+        "a_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())",
         "mbarrier.init(a_bar, count=1)",
+        f"mbarrier.init(a_free, count={CONSUMERS})   # both consumers' output has left through A",
         "for s in gl.static_range(STAGES):",
         "    mbarrier.init(kv_ready.index(s), count=1)",
         f"    mbarrier.init(kv_empty.index(s), count={CONSUMERS})   # both consumers release a stage",

@@ -124,6 +124,11 @@ def _copy_engine(device):
 
 
 @functools.lru_cache(maxsize=None)
+def _sm_count(device):
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
 def _hopper(device):
     return torch.cuda.get_device_capability(device)[0] == 9
 

@@ -22,7 +22,7 @@ GPU_CONFIG = {"num_warps": 8, "num_stages": 3}   # measured best of a small swee
 INTERPRETER_CONFIG = {"num_warps": 1, "num_stages": 1}
 # the warp-specialized Gluon kernel (gluon.py) of plans that have one: 3 stages of key blocks of 128 were the
 # fastest of a sweep on an H100 (bench/gluon_pingpong.py: global prefill 1.00x cuDNN at S 4096, 1.03x at 16384)
-GLUON_CONFIG = {"BACKEND": "gluon", "WS_BLOCK_J": 128, "WS_STAGES": 3}
+GLUON_CONFIG = {"BACKEND": "gluon", "WS_BLOCK_J": 128, "WS_STAGES": 3, "WS_PERSISTENT": 0}
 GLUON_IMPORTS = """from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -394,8 +394,9 @@ def _gluon_launch(w: GluonWriter, sched: Schedule) -> list[str]:
               "    if None not in gluon_descs:",
               "        gluon_cfg = {'BLOCK_I': %d, 'BLOCK_J': cfg['WS_BLOCK_J'], 'STAGES': cfg['WS_STAGES'], "
               "'num_warps': 4, 'maxnreg': %d}" % (GLUON_ROWS, GLUON_MAXNREG),
-              f"        _launch(rec, {w.name}_gluon_kernel, (-(-{w.ext(sched.row)} // {GLUON_ROWS}), "
-              f"{' * '.join(w.ext(g) for g in sched.grid) or '1'}), (",
+              f"        tiles = -(-{w.ext(sched.row)} // {GLUON_ROWS}) * {' * '.join(w.ext(g) for g in sched.grid) or '1'}",
+              "        programs = min(tiles, _sm_count(device)) if cfg['WS_PERSISTENT'] else tiles",
+              f"        _launch(rec, {w.name}_gluon_kernel, (max(programs, 1),), (",
               f"            {_call_args(w.params)},",
               "        ), gluon_cfg, (gluon_cfg['BLOCK_I'], gluon_cfg['BLOCK_J'], gluon_cfg['STAGES']))"]
     return lines

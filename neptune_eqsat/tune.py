@@ -135,7 +135,7 @@ def stored_config(spec_name: str, sizes: dict[str, int], gpu: str, family: str |
     return config_for(measured_plans(spec_name, sizes, gpu), family)
 
 
-GLUON_KEYS = ("WS_BLOCK_J", "WS_STAGES")   # tunables of the warp-specialized Gluon kernel alone
+GLUON_KEYS = ("WS_BLOCK_J", "WS_STAGES", "WS_PERSISTENT")   # tunables of the warp-specialized Gluon kernel alone
 
 
 def candidates(config: dict) -> list[dict]:
@@ -152,7 +152,7 @@ def candidates(config: dict) -> list[dict]:
             axes[k] = [1, 2, 3, 4]
         elif k == "ROW_ORDER":
             axes[k] = [0, 1, 2]
-        elif k in ("USE_TMA", "STREAM"):
+        elif k in ("USE_TMA", "STREAM", "WS_PERSISTENT"):
             axes[k] = [0, 1]
         elif k == "CHUNKS":
             axes[k] = [0, 2, 4, 8, 16, 32]
@@ -168,7 +168,8 @@ def candidates(config: dict) -> list[dict]:
     for vals in itertools.product(*(axes[k] for k in keys)):
         cfg = dict(zip(keys, vals))
         if "BACKEND" in cfg:   # only the running kernel's tunables vary
-            unused = GLUON_KEYS if cfg["BACKEND"] != "gluon" else [k for k in keys if k not in GLUON_KEYS + ("BACKEND",)]
+            unused = ([k for k in keys if k in GLUON_KEYS] if cfg["BACKEND"] != "gluon"
+                      else [k for k in keys if k not in GLUON_KEYS + ("BACKEND",)])
             cfg.update({k: base[k] for k in unused})
         if tuple(cfg.values()) not in seen:
             seen.add(tuple(cfg.values()))
