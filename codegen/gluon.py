@@ -10,7 +10,9 @@ row factor. The kernel then splits its warps into three partitions:
                  term (emitted by the same writer as the Triton kernels), the row reductions, and P V
     consumer 1   rows 64-127: the same
 
-The consumers take turns issuing their matrix products (one computes exponentials while the other's products
+A program runs one tile (128 rows at one index of the grid axes) or, with persistent programs, every tile
+whose number is its own modulo the program count, copying a tile's first blocks while the last tile's output
+still leaves. The consumers take turns issuing their matrix products (one computes exponentials while the other's products
 run), and within a consumer the product P V of one block runs while the next block's per-element work is
 computed: the state is repaired after that product, which is the same sum because the repair is a row factor,
 acc' = (acc + P_prev V_prev) * factor. This is how FlashAttention-3 and cuDNN lay out Hopper attention; the
