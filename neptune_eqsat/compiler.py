@@ -80,6 +80,10 @@ class Result:
                 lines.append(f"not rolled: {ir.show(r)[:100]} waits for {ir.show(waits[0])[:60]}: no rolling rewrite "
                              f"applied (its body has no form u op x with x read only from finished reductions over "
                              f"{r.attrs[1]} and u from none, or the repair for that op is refused above)")
+        from .codegen.gluon import eligible
+        no_gluon = eligible(c.sched)
+        lines.append("kernels: Triton, and a warp-specialized Gluon kernel for Hopper GPUs (BACKEND)" if no_gluon is None
+                     else f"kernels: Triton only; no warp-specialized Gluon kernel: {no_gluon}")
         if self.tuned:
             lines.append(f"tunables measured on this GPU (tuning database): {self.tuned}")
         lines.append(f"chosen: {c.family} ({c.sched.passes} pass{'es' if c.sched.passes != 1 else ''} over "

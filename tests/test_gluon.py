@@ -25,6 +25,7 @@ def test_rolled_prefill_plans_get_a_warp_specialized_kernel(name):
     assert eligible(result.candidates[0].sched) is None
     assert f"def {name}_gluon_kernel(" in result.source and "gl.warp_specialize(" in result.source
     assert mod.CONFIG["BACKEND"] == "gluon" and mod.INTERPRETER_CONFIG["BACKEND"] == "triton"
+    assert "kernels: Triton, and a warp-specialized Gluon kernel for Hopper GPUs" in result.explain()
 
 
 @pytest.mark.parametrize("name, reason", [
