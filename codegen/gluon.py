@@ -27,7 +27,7 @@ from neptune_eqsat import ir
 from neptune_eqsat.ir import Term
 from neptune_eqsat.schedule import Schedule
 
-from .kernel import Context, KernelWriter, Val
+from .kernel import IDENTITY_CODE, Context, KernelWriter, Val
 
 ROWS = 64                  # rows per consumer warpgroup: one m64 warpgroup product per block
 CONSUMERS = 2
@@ -122,8 +122,7 @@ class GluonWriter(KernelWriter):
         if axes != (self.row,):
             raise NotEligible(f"{ir.show(r)[:60]}: a state over {axes}, not a row vector or the product")
         var = self.fresh("r")
-        ident = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}[r.attrs[0]]
-        self.blocks[block].append(f"{var} = gl.full([{ROWS}], {ident}, gl.float32, S_ROWS)")
+        self.blocks[block].append(f"{var} = gl.full([{ROWS}], {IDENTITY_CODE[r.attrs[0]]}, gl.float32, S_ROWS)")
         self.state[r] = Val(var, axes, "f32")
 
     def update(self, r: Term) -> None:

@@ -138,8 +138,9 @@ def _describable(x, block):
     the last dimension not contiguous, the base or another stride not 16-byte aligned, a row of a block under
     16 bytes or a block side over 256."""
     size = x.element_size()
-    return not (not _copy_engine(x.device) or x.numel() == 0 or x.stride(-1) != 1 or x.data_ptr() % 16
-                or any(s * size % 16 for s in x.stride()[:-1]) or block[-1] * size < 16 or max(block) > 256)
+    return _copy_engine(x.device) and not (x.numel() == 0 or x.stride(-1) != 1 or x.data_ptr() % 16
+                                           or any(s * size % 16 for s in x.stride()[:-1]) or block[-1] * size < 16
+                                           or max(block) > 256)
 
 
 def _descriptor(x, block):

@@ -416,13 +416,11 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
     if sched.split:
         kernels, w, launch, dims_used = _split_parts(sched, name, inputs, out_alloc, gpu, cpu)
         helpers = (inspect.getsource(split_count) + "\n\n_chunk_counts = functools.lru_cache(maxsize=4096)(split_count)\n\n\n"
-                   "@functools.lru_cache(maxsize=None)\ndef _program_slots(device):\n"
-                   "    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == \"cuda\" "
-                   "else 4\n\n")
+                   "def _program_slots(device):\n"
+                   "    return _sm_count(device) if device.type == \"cuda\" else 4\n\n")
     else:
         kernel, w = kernel_source(sched, name)
         kernels, dims_used = kernel, w.dims
-        gluon_imports = ""
         if w.descriptors:
             gpu["USE_TMA"] = cpu["USE_TMA"] = 1
         rows, rest = _grid(w, sched, "cfg")
