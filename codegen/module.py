@@ -11,7 +11,7 @@ from pathlib import Path
 from neptune_eqsat import ir
 from neptune_eqsat.combine import combine_plan
 from neptune_eqsat.cost import split_count
-from neptune_eqsat.tune import bucket
+from neptune_eqsat.tune import GLUON_KEYS, bucket
 from neptune_eqsat.schedule import Schedule
 
 from . import masks
@@ -392,13 +392,14 @@ def _gluon_launch(w: GluonWriter, sched: Schedule) -> list[str]:
         names.append(param)
     lines += [f"        gluon_descs = ({', '.join(names)},)",
               "    if None not in gluon_descs:",
-              "        gluon_cfg = {'BLOCK_I': %d, 'BLOCK_J': cfg['WS_BLOCK_J'], 'STAGES': cfg['WS_STAGES'], "
-              "'num_warps': 4, 'maxnreg': %d}" % (GLUON_ROWS, GLUON_MAXNREG),
+              "        gluon_cfg = {'BLOCK_I': %d, 'BLOCK_J': cfg['WS_BLOCK_J'], 'STAGES': cfg['WS_STAGES'], %s"
+              "'num_warps': 4, 'maxnreg': %d}" % (GLUON_ROWS, "'ORDER': cfg['WS_ORDER'], " if "ORDER" in w.constexprs
+                                                  else "", GLUON_MAXNREG),
               f"        tiles = -(-{w.ext(sched.row)} // {GLUON_ROWS}) * {' * '.join(w.ext(g) for g in sched.grid) or '1'}",
               "        programs = min(tiles, _sm_count(device)) if cfg['WS_PERSISTENT'] else tiles",
               f"        _launch(rec, {w.name}_gluon_kernel, (max(programs, 1),), (",
               f"            {_call_args(w.params)},",
-              "        ), gluon_cfg, (gluon_cfg['BLOCK_I'], gluon_cfg['BLOCK_J'], gluon_cfg['STAGES']))"]
+              "        ), gluon_cfg, (%s,))" % ", ".join(f"gluon_cfg[{c!r}]" for c in w.constexprs)]
     return lines
 
 
@@ -438,9 +439,11 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
             gluon_imports = GLUON_IMPORTS
             dims_used = list(dict.fromkeys(dims_used + gw.dims))
             gpu.update(GLUON_CONFIG)
+            if "ORDER" in gw.constexprs:
+                gpu["WS_ORDER"] = 1
             cpu["BACKEND"] = "triton"   # the interpreter runs Triton kernels only
             launch = [out_alloc] + _gluon_launch(gw, sched) + [
-                "    else:", f"        cfg = {{k: v for k, v in cfg.items() if k not in {tuple(GLUON_CONFIG)!r}}}"] + [
+                "    else:", f"        cfg = {{k: v for k, v in cfg.items() if k not in {('BACKEND',) + GLUON_KEYS!r}}}"] + [
                 "    " + x for x in launch[1:]]
 
     def shape_code(shape) -> str:

@@ -135,7 +135,7 @@ def stored_config(spec_name: str, sizes: dict[str, int], gpu: str, family: str |
     return config_for(measured_plans(spec_name, sizes, gpu), family)
 
 
-GLUON_KEYS = ("WS_BLOCK_J", "WS_STAGES", "WS_PERSISTENT")   # tunables of the warp-specialized Gluon kernel alone
+GLUON_KEYS = ("WS_BLOCK_J", "WS_STAGES", "WS_PERSISTENT", "WS_ORDER")   # tunables of the warp-specialized Gluon kernel alone
 
 
 def candidates(config: dict) -> list[dict]:
@@ -152,6 +152,8 @@ def candidates(config: dict) -> list[dict]:
             axes[k] = [1, 2, 3, 4]
         elif k == "ROW_ORDER":
             axes[k] = [0, 1, 2]
+        elif k == "WS_ORDER":
+            axes[k] = [1, 2]
         elif k in ("USE_TMA", "STREAM", "WS_PERSISTENT"):
             axes[k] = [0, 1]
         elif k == "CHUNKS":

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from neptune_eqsat.codegen.gluon import eligible
+from neptune_eqsat.codegen.gluon import eligible, tile_lines
 from neptune_eqsat.reference import evaluate, random_inputs, tolerance
 from neptune_eqsat.tune import candidates, tune
 
@@ -59,7 +59,7 @@ for path in sys.argv[1:]:
     spec.loader.exec_module(mod)
     kernel = getattr(mod, mod.NAME + "_gluon_kernel")
     cfg = mod.CONFIG
-    values = {"BLOCK_I": 128, "BLOCK_J": cfg["WS_BLOCK_J"], "STAGES": cfg["WS_STAGES"]}
+    values = {"BLOCK_I": 128, "BLOCK_J": cfg["WS_BLOCK_J"], "STAGES": cfg["WS_STAGES"], "ORDER": 2}
     signature, constants = {}, {}
     for p in kernel.params:
         if p.is_constexpr:
@@ -104,6 +104,39 @@ def test_the_gluon_kernels_compile_for_hopper_as_three_partitions(tmp_path):
         assert 3 * 2 * 128 * 128 * 2 < int(shared) <= 232448   # three stages of K and V, Q, within 227 KiB
         assert int(products) > 0
         assert "('inc', '240')" in regs and "('dec', '24')" in regs
+
+
+def _tiles_run(programs, row_blocks, heads, order):
+    """(pid_row, pid_grid) of each tile each program runs, by executing the kernel's slot -> tile lines."""
+    class gl:   # the two calls the lines make
+        num_programs = staticmethod(lambda axis: programs)
+    code = "\n".join(tile_lines(str(row_blocks), str(heads), str(row_blocks * heads), order is not None))
+    runs = []
+    for p in range(programs):
+        runs.append([])
+        for slot in range(p, row_blocks * heads, programs):
+            scope = {"gl": gl, "slot": slot, "ORDER": order}
+            exec(code, scope)
+            runs[-1].append((scope["pid_row"], scope["pid_grid"]))
+    return runs
+
+
+@pytest.mark.parametrize("order", [None, 1, 2])
+@pytest.mark.parametrize("programs", [132, 512, 7])
+def test_every_tile_runs_once_in_every_order(order, programs):
+    runs = _tiles_run(programs, 8, 64, order)
+    assert sorted(t for run in runs for t in run) == [(r, h) for r in range(8) for h in range(64)]
+
+
+def test_with_a_causal_mask_persistent_programs_get_even_work():
+    """Row block r of a causal tile runs r + 1 key blocks. ORDER 2 starts the longest everywhere and runs odd
+    rounds backwards: 64 heads x 8 row blocks on 132 programs end within 1.1x of the mean work, where taking
+    tiles in order (ORDER 1) leaves one program 1.4x the mean."""
+    mean = 64 * 36 / 132
+    work = {o: max(sum(r + 1 for r, _ in run) for run in _tiles_run(132, 8, 64, o)) for o in (1, 2)}
+    assert work[2] <= 1.1 * mean and work[1] >= 1.35 * mean
+    one_each = _tiles_run(512, 8, 64, 2)   # a program per tile: the hardware starts them in this order
+    assert [run[0][0] for run in one_each] == sorted((run[0][0] for run in one_each), reverse=True)
 
 
 def test_tuning_varies_only_the_tunables_of_the_kernel_that_runs():
