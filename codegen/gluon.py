@@ -281,8 +281,9 @@ def gluon_source(sched: Schedule, name: str) -> tuple[str, GluonWriter]:
     nbytes = f"{a_param}.block_type.nbytes"
     tile_body = head + bounds + [
         "n = gl.cdiv(hi - lo, BLOCK_J)",
-        "# A is copied after the tile's first blocks: those go while the last tile's output still leaves via A",
-        "a_after = gl.minimum(n, STAGES)",
+        "# A goes first in a program's first tile (the first product needs it); in later tiles it is copied after",
+        "# the tile's first blocks, which go while the last tile's output still leaves through A",
+        "a_after = gl.minimum(n, STAGES * gl.minimum(tiles_done, 1))",
         "for blk in range(n + 1):",
         "    if blk == a_after:",
         "        mbarrier.wait(a_free, (tiles_done & 1) ^ 1)   # a fresh barrier passes parity 1",
