@@ -7,6 +7,14 @@ over the chunk axis: for each split reduction r, in dependency order,
                                        other reductions := their global values])
 and then evaluates the rest of the term on the global values. That second computation is a term in the same
 IR, so the same scheduler and code generator emit it.
+
+The chunk partials are combined rolled, in one pass over the chunks: the reduction over chunks above is the
+reduction the split rule proved, over fewer and coarser elements, so its repair serves again. Rolled over
+chunk blocks, global(r) becomes
+    roll_f(chunk, repair_r[acc := partial_r[chunk], prev(y) := y from the chunk's partials, y := running y],
+           repair = repair_r[prev(y) := running y as the block began, y := running y])
+(the running values are the other reductions, rolled the same way). One pass reads every partial once, so the
+combine waits for one round of loads per block of chunks rather than one per pass.
 """
 from __future__ import annotations
 
@@ -47,23 +55,27 @@ def combine_plan(sched: Schedule) -> Combine:
         p = by_red[r]
         return ir.load(p.name, chunk, *(ir.axis(a) for a in p.axes))
 
-    def rebuild(t: Term, acc: Term | None, in_prev: bool) -> Term:
+    def rebuild(t: Term, acc: Term, in_repair: bool, in_prev: bool = False) -> Term:
+        """t with acc replaced and each split reduction by its running global value; under prev, by the chunk's
+        partial (in a body) or by the running value as the block began (in a repair)."""
         if t.op == "acc":
             return acc
         if t.op == "prev":
-            return rebuild(t.args[0], acc, True)
+            inner = rebuild(t.args[0], acc, in_repair, not in_repair)
+            return ir.prev(chunk_axis, inner) if in_repair else inner
         if t.op == "split" and t.attrs[1] == loop:
             return local(t) if in_prev else global_(t)
         if not t.args:
             return t
-        return Term(t.op, t.attrs, tuple(rebuild(a, acc, in_prev) for a in t.args), t.origin)
+        return Term(t.op, t.attrs, tuple(rebuild(a, acc, in_repair, in_prev) for a in t.args), t.origin)
 
     def global_(r: Term) -> Term:
         if r not in glob:
-            glob[r] = ir.red(r.attrs[0], chunk_axis, rebuild(r.args[1], local(r), False))
+            repair = r.args[1]
+            glob[r] = ir.roll(r.attrs[0], chunk_axis, rebuild(repair, local(r), False), rebuild(repair, ir.ACC, True))
         return glob[r]
 
-    term = rebuild(sched.term, None, False)
+    term = rebuild(sched.term, ir.ACC, False)
     cdim = Dim(chunk_dim)
     cspec = Spec(f"{spec.name}_combine", dims_={**spec.dims_, chunk_dim: cdim}, typical={**spec.typical, chunk_dim: 8},
                  axes_={**spec.axes_, chunk_axis: cdim}, output_name=spec.output_name,

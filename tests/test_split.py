@@ -87,6 +87,25 @@ def test_the_combine_runs_in_the_partial_kernel_or_in_a_second_one(in_kernel):
         assert all(int(t.abs().sum()) == 0 for t in mod._TICKETS.values())
 
 
+@pytest.mark.parametrize("name", DECODE)
+def test_the_combine_rolls_over_blocks_of_chunks_in_one_pass(name):
+    """The combine reads every partial once, in one pass: its reductions over chunks are rolled, the running
+    sums repaired as the running maximum grows block by block. Peaked scores make the chunks' maxima differ a
+    lot, and 11 chunks in blocks of 4 give three blocks (the last one partial), so a missing or wrong repair
+    shows."""
+    result, mod = compiled(str(SPECS / f"{name}.py"))
+    comb = combine_plan(result.chosen.sched)
+    assert comb.sched.passes == 1
+    assert all(r.op == "roll" for r in comb.sched.reductions)
+    inputs = random_inputs(result.spec, {"B": 1, "Q": 2, "SKV": 83}, seed=5)
+    inputs["q"] = inputs["q"] * 6
+    ref = evaluate(result.spec, inputs)
+    combine = {**mod.INTERPRETER_CONFIG["COMBINE"], "BLOCK_J_CHUNK": 4}
+    for in_kernel in (1, 0):
+        out = mod.forward(*inputs.values(), config={"CHUNKS": 11, "COMBINE": {**combine, "in_kernel": in_kernel}})
+        assert (out.double() - ref).abs().max().item() <= tolerance(result.spec.output_dtype)
+
+
 def _chunk_local(term: ir.Term, loop: str, lo: int, hi: int, memo: dict) -> ir.Term:
     """The term with every split reduction over `loop` restricted to keys lo <= j < hi (its chunk-local value)."""
     if term in memo:
