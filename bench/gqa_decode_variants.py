@@ -1,0 +1,125 @@
+"""Where does grouped-query decode lose time against a copy of its bytes? Builds variants of the generated
+gqa_dc module by editing its kernel source, and times them beside cuDNN and a copy of the same bytes, under
+do_bench (the L2 cache starts full of dirty lines) and with a clean flush:
+
+    emitted        the module as generated
+    nocombine      no program combines (the output is not written): the cost of the combine at the end
+    prefetch       the unmasked key loop loads the next block's K and V into registers before this block's
+                   products (a register double buffer)
+    vearly         V is loaded with K at the top of the block, not after the scores
+
+    python bench/gqa_decode_variants.py [--kv 32768] [--rounds 3] [--variants emitted,nocombine,...]
+                                        [--grid stream|descriptors|big]
+
+Every variant that writes the output is compared with float64 first. Imports only torch and triton.
+"""
+import argparse
+import importlib.util
+import itertools
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+
+from decode_timing import FLUSH_BYTES, event_median
+from sweep_configs import cudnn_attention
+
+HERE = Path(__file__).resolve().parent
+K_LOAD = ('tl.load(k_ptr + b * k_s0 + h_group * k_s1 + offs_j[None, :] * k_s2 + offs_d[:, None] * k_s3, '
+          'eviction_policy="evict_first" if STREAM else "")')
+V_LOAD = ('tl.load(v_ptr + b * v_s0 + h_group * v_s1 + offs_j[:, None] * v_s2 + offs_e[None, :] * v_s3, '
+          'eviction_policy="evict_first" if STREAM else "")')
+FULL_LOOP = "    for start in range(full_lo, full_hi, BLOCK_J):\n        offs_j = start + tl.arange(0, BLOCK_J)\n"
+GRIDS = {   # (BLOCK_J, num_warps, chunks per kv head, descriptor loads, stages)
+    "stream": [(128, w, c, 0, 1) for w, c in itertools.product((8, 4), (32, 16, 64))],
+    "descriptors": list(itertools.product((128, 64), (4, 8), (32, 64, 128), (1,), (1, 2))),
+    "big": [(bj, w, c, 0, 1) for bj, w, c in itertools.product((256, 128), (8, 16), (16, 32))],
+}
+
+
+def _edit(src: str, variant: str) -> str:
+    """The module source with one kernel edit; the edits address the emitted lines of the unmasked loop."""
+    k_var, v_var = (next(ln.split(" = ")[0].strip() for ln in src.splitlines() if ln.strip().endswith(" = " + x))
+                    for x in (K_LOAD, V_LOAD))
+    if variant == "nocombine":
+        return src.replace("if tl.atomic_add(ticket, 1) == tl.num_programs(2) - 1:", "if tl.atomic_add(ticket, 1) < 0:")
+    if variant == "vearly":
+        src = src.replace(f"{v_var} = {V_LOAD}\n", f"{v_var} = v_early\n")
+        return src.replace(f"{k_var} = {K_LOAD}\n", f"{k_var} = {K_LOAD}\n            v_early = {V_LOAD}\n")
+    if variant == "prefetch":
+        k_next, v_next = (x.replace(f"offs_j[{i}]", f"offs_n[{i}]").replace(", eviction", ", mask=more, other=0.0, eviction")
+                          for x, i in ((K_LOAD, "None, :"), (V_LOAD, ":, None")))
+        first = ("    offs_n = full_lo + tl.arange(0, BLOCK_J)\n    more = full_lo < full_hi\n"
+                 f"    k_next = {k_next}\n    v_next = {v_next}\n")
+        step = ("        k_this = k_next\n        v_this = v_next\n"
+                "        offs_n = start + BLOCK_J + tl.arange(0, BLOCK_J)\n        more = start + BLOCK_J < full_hi\n"
+                f"        k_next = {k_next}\n        v_next = {v_next}\n")
+        src = src.replace(FULL_LOOP, first + FULL_LOOP + step)
+        return src.replace(f"{k_var} = {K_LOAD}\n", f"{k_var} = k_this\n").replace(f"{v_var} = {V_LOAD}\n", f"{v_var} = v_this\n")
+    return src
+
+
+def _module(src: str, name: str, folder: Path):
+    path = folder / f"gqa_dc_{name}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kv", type=int, default=32768)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--variants", default="emitted,nocombine,prefetch,vearly")
+    ap.add_argument("--grid", default="stream", choices=sorted(GRIDS))
+    ap.add_argument("--module", default=str(HERE / "generated" / "gqa_dc.py"))
+    args = ap.parse_args()
+    src = Path(args.module).read_text()
+    assert src.count(K_LOAD) == 1 and src.count(V_LOAD) == 1 and src.count(FULL_LOOP) == 1, \
+        "the module's unmasked loop is not the form these edits address (generate it again)"
+    clean = torch.empty(FLUSH_BYTES // 2, device="cuda", dtype=torch.float16).normal_()
+    print(torch.cuda.get_device_name(), f"torch {torch.__version__} triton {triton.__version__}")
+    q = torch.randn(1, 64, 1, 128, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(1, 8, args.kv, 128, device="cuda", dtype=torch.float16) for _ in range(2))
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), enable_gqa=True)
+    nbytes = (2 * q.numel() + 2 * k.numel()) * 2
+    copy_src = torch.empty(nbytes // 4, device="cuda", dtype=torch.float16).normal_()   # half read, half written
+    copy_dst = torch.empty_like(copy_src)
+    systems = {"same_bytes_copy": lambda: copy_dst.copy_(copy_src), "cudnn": lambda: cudnn_attention(q, k, v)}
+    folder = Path(tempfile.mkdtemp())
+    for variant in args.variants.split(","):
+        mod = _module(_edit(src, variant), variant, folder)
+        for bj, w, c, tma, stages in GRIDS[args.grid]:
+            cfg = dict(BLOCK_J=bj, num_warps=w, num_stages=stages, CHUNKS=c, STREAM=1, USE_TMA=tma)
+            tag = f"{variant} BJ={bj} w={w} chunks={c}" + (f" descriptors stages={stages}" if tma else "")
+            systems[tag] = lambda mod=mod, cfg=cfg: mod.forward(q, k, v, config=cfg)
+    times = {name: {"do_bench": [], "clean": []} for name in systems}
+    for name, fn in list(systems.items()):
+        try:
+            out = fn()
+            torch.cuda.synchronize()
+        except Exception as e:   # a config may not fit
+            print(f"  {name}: {type(e).__name__}: {str(e)[:80]}")
+            del systems[name], times[name]
+            continue
+        if name != "same_bytes_copy" and not name.startswith("nocombine"):
+            err = (out.double() - want).abs().max().item()
+            assert err < 2e-2, f"{name}: max error {err}"
+    for _ in range(args.rounds):
+        for name, fn in systems.items():
+            times[name]["do_bench"].append(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
+            times[name]["clean"].append(event_median(fn, clean.sum, calls=60))
+    gb = nbytes / 1e9
+    med = {n: {m: sorted(v)[len(v) // 2] for m, v in t.items()} for n, t in times.items()}
+    print(f"gqa_dc KV={args.kv} ({gb * 1e3:.0f} MB of Q, K, V, O; medians of {args.rounds} rounds)")
+    for name, t in sorted(med.items(), key=lambda kv: kv[1]["do_bench"]):
+        print(f"  {name:40s} do_bench {t['do_bench'] * 1e3:6.1f} us {gb / t['do_bench'] * 1e3:5.0f} GB/s"
+              f"   clean flush {t['clean'] * 1e3:6.1f} us {gb / t['clean'] * 1e3:5.0f} GB/s", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
