@@ -39,6 +39,34 @@ def event_median(fn, before, calls=200):
     return ms[len(ms) // 2]
 
 
+def time_in_rounds(systems: dict, clean: torch.Tensor, gb: float, rounds: int, title: str, want=None,
+                   checked=lambda name: True, width: int = 32) -> None:
+    """Call every system once (dropping those that fail, comparing the output of those `checked` says with
+    `want`), then time them under do_bench and with a clean flush, in rounds that take turns, and print the
+    medians fastest first (GB/s of `gb` gigabytes per call)."""
+    for name, fn in list(systems.items()):
+        try:
+            out = fn()
+            torch.cuda.synchronize()
+        except Exception as e:   # a config may not fit
+            print(f"  {name}: {type(e).__name__}: {str(e)[:80]}")
+            del systems[name]
+            continue
+        if want is not None and checked(name):
+            err = (out.double() - want.double()).abs().max().item()
+            assert err < 2e-2, f"{title} {name}: max error {err}"
+    times = {name: {"do_bench": [], "clean": []} for name in systems}
+    for _ in range(rounds):
+        for name, fn in systems.items():
+            times[name]["do_bench"].append(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
+            times[name]["clean"].append(event_median(fn, clean.sum, calls=60))
+    med = {n: {m: sorted(v)[len(v) // 2] for m, v in t.items()} for n, t in times.items()}
+    print(f"{title} ({gb * 1e3:.0f} MB of Q, K, V, O; medians of {rounds} rounds)")
+    for name, t in sorted(med.items(), key=lambda kv: kv[1]["do_bench"]):
+        print(f"  {name:{width}s} do_bench {t['do_bench'] * 1e3:6.1f} us {gb / t['do_bench'] * 1e3:5.0f} GB/s"
+              f"   clean flush {t['clean'] * 1e3:6.1f} us {gb / t['clean'] * 1e3:5.0f} GB/s", flush=True)
+
+
 def graph_ms(fn, inner=10, replays=20):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):

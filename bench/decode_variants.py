@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import triton
 
-from decode_timing import FLUSH_BYTES, event_median
+from decode_timing import FLUSH_BYTES, time_in_rounds
 from sweep_configs import HEADS, cudnn_attention, load
 
 HERE = Path(__file__).resolve().parent
@@ -60,27 +60,8 @@ def main() -> None:
                     tag = f"{name} BJ={cfg['BLOCK_J']} w={cfg['num_warps']} chunks={cfg['CHUNKS']}"
                     config = {**cfg, "STREAM": stream, "USE_TMA": 0}
                     systems[tag] = (lambda config=config: mod.forward(q, k, v, *extra, config=config))
-            times = {name: {"do_bench": [], "clean": []} for name in systems}
-            for name, fn in list(systems.items()):
-                try:
-                    out = fn()
-                    torch.cuda.synchronize()
-                except Exception as e:   # a config may not fit
-                    print(f"  {name}: {type(e).__name__}: {str(e)[:80]}")
-                    del systems[name], times[name]
-                    continue
-                if want is not None and name != "same_bytes_copy":
-                    err = (out.float() - want).abs().max().item()
-                    assert err < 2e-2, f"{op} {name}: max error {err}"
-            for _ in range(args.rounds):
-                for name, fn in systems.items():
-                    times[name]["do_bench"].append(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
-                    times[name]["clean"].append(event_median(fn, clean.sum, calls=60))
-            med = {n: {k: sorted(v)[len(v) // 2] for k, v in t.items()} for n, t in times.items()}
-            print(f"{op} KV={S} ({gb * 1e3:.0f} MB of Q, K, V, O; medians of {args.rounds} rounds)")
-            for name, t in sorted(med.items(), key=lambda kv: kv[1]["do_bench"]):
-                print(f"  {name:32s} do_bench {t['do_bench'] * 1e3:6.1f} us {gb / t['do_bench'] * 1e3:5.0f} GB/s"
-                      f"   clean flush {t['clean'] * 1e3:6.1f} us {gb / t['clean'] * 1e3:5.0f} GB/s", flush=True)
+            time_in_rounds(systems, clean, gb, args.rounds, f"{op} KV={S}", want,
+                           checked=lambda name: name != "same_bytes_copy")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ do_bench (the L2 cache starts full of dirty lines) and with a clean flush:
 Every variant that writes the output is compared with float64 first. Imports only torch and triton.
 """
 import argparse
-import importlib.util
 import itertools
 import sys
 import tempfile
@@ -23,8 +22,8 @@ from pathlib import Path
 import torch
 import triton
 
-from decode_timing import FLUSH_BYTES, event_median
-from sweep_configs import cudnn_attention
+from decode_timing import FLUSH_BYTES, time_in_rounds
+from sweep_configs import cudnn_attention, load
 
 HERE = Path(__file__).resolve().parent
 K_LOAD = ('tl.load(k_ptr + b * k_s0 + h_group * k_s1 + offs_j[None, :] * k_s2 + offs_d[:, None] * k_s3, '
@@ -64,11 +63,7 @@ def _edit(src: str, variant: str) -> str:
 def _module(src: str, name: str, folder: Path):
     path = folder / f"gqa_dc_{name}.py"
     path.write_text(src)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
+    return load(path)
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -97,28 +92,8 @@ def main() -> None:
             cfg = dict(BLOCK_J=bj, num_warps=w, num_stages=stages, CHUNKS=c, STREAM=1, USE_TMA=tma)
             tag = f"{variant} BJ={bj} w={w} chunks={c}" + (f" descriptors stages={stages}" if tma else "")
             systems[tag] = lambda mod=mod, cfg=cfg: mod.forward(q, k, v, config=cfg)
-    times = {name: {"do_bench": [], "clean": []} for name in systems}
-    for name, fn in list(systems.items()):
-        try:
-            out = fn()
-            torch.cuda.synchronize()
-        except Exception as e:   # a config may not fit
-            print(f"  {name}: {type(e).__name__}: {str(e)[:80]}")
-            del systems[name], times[name]
-            continue
-        if name != "same_bytes_copy" and not name.startswith("nocombine"):
-            err = (out.double() - want).abs().max().item()
-            assert err < 2e-2, f"{name}: max error {err}"
-    for _ in range(args.rounds):
-        for name, fn in systems.items():
-            times[name]["do_bench"].append(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
-            times[name]["clean"].append(event_median(fn, clean.sum, calls=60))
-    gb = nbytes / 1e9
-    med = {n: {m: sorted(v)[len(v) // 2] for m, v in t.items()} for n, t in times.items()}
-    print(f"gqa_dc KV={args.kv} ({gb * 1e3:.0f} MB of Q, K, V, O; medians of {args.rounds} rounds)")
-    for name, t in sorted(med.items(), key=lambda kv: kv[1]["do_bench"]):
-        print(f"  {name:40s} do_bench {t['do_bench'] * 1e3:6.1f} us {gb / t['do_bench'] * 1e3:5.0f} GB/s"
-              f"   clean flush {t['clean'] * 1e3:6.1f} us {gb / t['clean'] * 1e3:5.0f} GB/s", flush=True)
+    time_in_rounds(systems, clean, nbytes / 1e9, args.rounds, f"gqa_dc KV={args.kv}", want, width=40,
+                   checked=lambda name: name != "same_bytes_copy" and not name.startswith("nocombine"))
 
 
 if __name__ == "__main__":
