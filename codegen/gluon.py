@@ -12,11 +12,12 @@ row factor. The kernel then splits its warps into three partitions:
 
 A program runs one tile (128 rows at one index of the grid axes) or, with persistent programs, every tile
 whose number is its own modulo the program count, copying a tile's first blocks while the last tile's output
-still leaves. Under a causal mask the tiles are numbered longest first (see tile_lines). The consumers take turns issuing their matrix products (one computes exponentials while the other's products
-run), and within a consumer the product P V of one block runs while the next block's per-element work is
-computed: the state is repaired after that product, which is the same sum because the repair is a row factor,
-acc' = (acc + P_prev V_prev) * factor. This is how FlashAttention-3 and cuDNN lay out Hopper attention; the
-Triton kernels of kernel.py cannot express it (Triton 3.6 specializes warps only on Blackwell).
+still leaves. Under a causal mask the tiles are numbered longest first (see tile_lines). The consumers take
+turns issuing their matrix products (one computes exponentials while the other's products run), and within a
+consumer the product P V of one block runs while the next block's per-element work is computed: the state is
+repaired after that product, which is the same sum because the repair is a row factor, acc' = (acc + P_prev
+V_prev) * factor. This is how FlashAttention-3 and cuDNN lay out Hopper attention; the Triton kernels of
+kernel.py cannot express it (Triton 3.6 specializes warps only on Blackwell).
 """
 from __future__ import annotations
 
