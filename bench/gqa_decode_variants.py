@@ -7,9 +7,13 @@ do_bench (the L2 cache starts full of dirty lines) and with a clean flush:
     prefetch       the unmasked key loop loads the next block's K and V into registers before this block's
                    products (a register double buffer)
     vearly         V is loaded with K at the top of the block, not after the scores
+    read_chunks    not attention: the same programs (kv head x chunk) only read their K and V blocks, with the
+                   same loads, and sum them: what the grid and its loads can reach with no work per block
+    read_flat      not attention: K and V read as two flat arrays in blocks of 16-128 KB (read-once hint): a
+                   read-only ceiling for these bytes
 
     python bench/gqa_decode_variants.py [--kv 32768] [--rounds 3] [--variants emitted,nocombine,...]
-                                        [--grid stream|descriptors|big]
+                                        [--grid stream|descriptors|big|small] [--reads]
 
 Every variant that writes the output is compared with float64 first. Imports only torch and triton.
 """
@@ -21,11 +25,13 @@ from pathlib import Path
 
 import torch
 import triton
+import triton.language as tl
 
 from decode_timing import FLUSH_BYTES, time_in_rounds
 from sweep_configs import cudnn_attention, load
 
 HERE = Path(__file__).resolve().parent
+UNCHECKED = ("same_bytes_copy", "nocombine", "read_chunks", "read_flat")   # rows that write no attention output
 K_LOAD = ('tl.load(k_ptr + b * k_s0 + h_group * k_s1 + offs_j[None, :] * k_s2 + offs_d[:, None] * k_s3, '
           'eviction_policy="evict_first" if STREAM else "")')
 V_LOAD = ('tl.load(v_ptr + b * v_s0 + h_group * v_s1 + offs_j[:, None] * v_s2 + offs_e[None, :] * v_s3, '
@@ -35,7 +41,46 @@ GRIDS = {   # (BLOCK_J, num_warps, chunks per kv head, descriptor loads, stages)
     "stream": [(128, w, c, 0, 1) for w, c in itertools.product((8, 4), (32, 16, 64))],
     "descriptors": list(itertools.product((128, 64), (4, 8), (32, 64, 128), (1,), (1, 2))),
     "big": [(bj, w, c, 0, 1) for bj, w, c in itertools.product((256, 128), (8, 16), (16, 32))],
+    "small": [(64, w, c, 0, 1) for w, c in itertools.product((8, 4), (32, 64))],
 }
+
+
+@triton.jit
+def read_chunks_kernel(k_ptr, v_ptr, out_ptr, S, CHUNK, BLOCK_J: tl.constexpr, D: tl.constexpr):
+    h, c = tl.program_id(0), tl.program_id(1)
+    offs_d = tl.arange(0, D)
+    total = tl.zeros([BLOCK_J, D], dtype=tl.float32)
+    for start in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, S), BLOCK_J):
+        offs_j = start + tl.arange(0, BLOCK_J)
+        rows = h * S * D + offs_j[:, None] * D + offs_d[None, :]
+        total += tl.load(k_ptr + rows, eviction_policy="evict_first").to(tl.float32)
+        total += tl.load(v_ptr + rows, eviction_policy="evict_first").to(tl.float32)
+    tl.store(out_ptr + h * tl.num_programs(1) + c, tl.sum(total))
+
+
+@triton.jit
+def read_flat_kernel(k_ptr, v_ptr, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    total = tl.load(k_ptr + offs, eviction_policy="evict_first").to(tl.float32)
+    total += tl.load(v_ptr + offs, eviction_policy="evict_first").to(tl.float32)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(total))
+
+
+def read_systems(k, v) -> dict:
+    """Read-only kernels over K and V (see the module docstring), keyed by their row names."""
+    heads, S, D = k.shape[1], k.shape[2], k.shape[3]
+    sums = torch.empty(k.numel() // 1024, device=k.device)
+    systems = {}
+    for bj, w, chunks in itertools.product((128, 64), (4, 8), (32, 64)):
+        chunk = -(-S // chunks)
+        systems[f"read_chunks BJ={bj} w={w} chunks={chunks}"] = (
+            lambda bj=bj, w=w, chunks=chunks, chunk=chunk: read_chunks_kernel[(heads, chunks)](
+                k, v, sums, S, chunk, BLOCK_J=bj, D=D, num_warps=w, num_stages=1))
+    for kb, w in ((16, 4), (64, 8), (128, 16)):   # KB per program per tensor
+        block = kb * 512   # fp16 elements
+        systems[f"read_flat {kb} KB blocks w={w}"] = lambda block=block, w=w: read_flat_kernel[
+            (k.numel() // block,)](k, v, sums, BLOCK=block, num_warps=w)
+    return systems
 
 
 def _edit(src: str, variant: str) -> str:
@@ -71,6 +116,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variants", default="emitted,nocombine,prefetch,vearly")
     ap.add_argument("--grid", default="stream", choices=sorted(GRIDS))
+    ap.add_argument("--reads", action="store_true", help="add the read-only kernels (read_chunks, read_flat)")
     ap.add_argument("--module", default=str(HERE / "generated" / "gqa_dc.py"))
     args = ap.parse_args()
     src = Path(args.module).read_text()
@@ -85,6 +131,8 @@ def main() -> None:
     copy_src = torch.empty(nbytes // 4, device="cuda", dtype=torch.float16).normal_()   # half read, half written
     copy_dst = torch.empty_like(copy_src)
     systems = {"same_bytes_copy": lambda: copy_dst.copy_(copy_src), "cudnn": lambda: cudnn_attention(q, k, v)}
+    if args.reads:
+        systems.update(read_systems(k, v))
     folder = Path(tempfile.mkdtemp())
     for variant in args.variants.split(","):
         mod = _module(_edit(src, variant), variant, folder)
@@ -93,7 +141,7 @@ def main() -> None:
             tag = f"{variant} BJ={bj} w={w} chunks={c}" + (f" descriptors stages={stages}" if tma else "")
             systems[tag] = lambda mod=mod, cfg=cfg: mod.forward(q, k, v, config=cfg)
     time_in_rounds(systems, clean, nbytes / 1e9, args.rounds, f"gqa_dc KV={args.kv}", want, width=40,
-                   checked=lambda name: name != "same_bytes_copy" and not name.startswith("nocombine"))
+                   checked=lambda name: name.split()[0] not in UNCHECKED)
 
 
 if __name__ == "__main__":
