@@ -408,13 +408,13 @@ def _read_kernel():
     return read
 
 
-def read_only(k, v, block=8192):
+def read_only(k, v, block=8192, num_warps=4):
     """A kernel that reads K and V once (16 KB blocks per program, read-once hint) and writes a sum per block:
     what reading the decode shape's bytes alone reaches under the same timer (copies write half their bytes, and
     writes can still sit in the cache when the timer stops, so a copy can beat a pure read of its size)."""
     programs = -(-k.numel() // block)
     sums = torch.empty(programs, device=k.device)
-    return lambda: _read_kernel()[(programs,)](k, v, sums, k.numel(), BLOCK=block, num_warps=4)
+    return lambda: _read_kernel()[(programs,)](k, v, sums, k.numel(), BLOCK=block, num_warps=num_warps)
 
 
 def print_row(r):

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from attention import read_only
 from decode_timing import FLUSH_BYTES, time_in_rounds
 from sweep_configs import cudnn_attention, load
 
@@ -58,14 +59,6 @@ def read_chunks_kernel(k_ptr, v_ptr, out_ptr, S, CHUNK, BLOCK_J: tl.constexpr, D
     tl.store(out_ptr + h * tl.num_programs(1) + c, tl.sum(total))
 
 
-@triton.jit
-def read_flat_kernel(k_ptr, v_ptr, out_ptr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    total = tl.load(k_ptr + offs, eviction_policy="evict_first").to(tl.float32)
-    total += tl.load(v_ptr + offs, eviction_policy="evict_first").to(tl.float32)
-    tl.store(out_ptr + tl.program_id(0), tl.sum(total))
-
-
 def read_systems(k, v) -> dict:
     """Read-only kernels over K and V (see the module docstring), keyed by their row names."""
     heads, S, D = k.shape[1], k.shape[2], k.shape[3]
@@ -77,9 +70,7 @@ def read_systems(k, v) -> dict:
             lambda bj=bj, w=w, chunks=chunks, chunk=chunk: read_chunks_kernel[(heads, chunks)](
                 k, v, sums, S, chunk, BLOCK_J=bj, D=D, num_warps=w, num_stages=1))
     for kb, w in ((16, 4), (64, 8), (128, 16)):   # KB per program per tensor
-        block = kb * 512   # fp16 elements
-        systems[f"read_flat {kb} KB blocks w={w}"] = lambda block=block, w=w: read_flat_kernel[
-            (k.numel() // block,)](k, v, sums, BLOCK=block, num_warps=w)
+        systems[f"read_flat {kb} KB blocks w={w}"] = read_only(k, v, block=kb * 512, num_warps=w)
     return systems
 
 
