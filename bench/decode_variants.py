@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import triton
 
+from attention import COPY_ROW, same_bytes_copy
 from decode_timing import FLUSH_BYTES, time_in_rounds
 from sweep_configs import HEADS, cudnn_attention, load
 
@@ -48,11 +49,8 @@ def main() -> None:
                 want = torch.nn.functional.scaled_dot_product_attention(
                     q.float(), k.float(), v.float(), enable_gqa=hq != hkv)
             nbytes = (2 * q.numel() + 2 * k.numel()) * 2
-            src = torch.empty(nbytes // 4, device="cuda", dtype=torch.float16).normal_()   # half read, half written
-            dst = torch.empty_like(src)
             gb = nbytes / 1e9
-            systems = {"emitted": lambda: mod.forward(q, k, v, *extra),
-                       "same_bytes_copy": lambda: dst.copy_(src)}
+            systems = {"emitted": lambda: mod.forward(q, k, v, *extra), COPY_ROW: same_bytes_copy(nbytes)}
             if not extra and op != "softcap_dc":
                 systems["cudnn"] = lambda: cudnn_attention(q, k, v)
             for name, stream in (("stream", 1), ("plain", 0)):
@@ -61,7 +59,7 @@ def main() -> None:
                     config = {**cfg, "STREAM": stream, "USE_TMA": 0}
                     systems[tag] = (lambda config=config: mod.forward(q, k, v, *extra, config=config))
             time_in_rounds(systems, clean, gb, args.rounds, f"{op} KV={S}", want,
-                           checked=lambda name: name != "same_bytes_copy")
+                           checked=lambda name: name != COPY_ROW)
 
 
 if __name__ == "__main__":

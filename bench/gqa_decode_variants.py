@@ -27,12 +27,12 @@ import torch
 import triton
 import triton.language as tl
 
-from attention import read_only
+from attention import COPY_ROW, read_only, same_bytes_copy
 from decode_timing import FLUSH_BYTES, time_in_rounds
 from sweep_configs import cudnn_attention, load
 
 HERE = Path(__file__).resolve().parent
-UNCHECKED = ("same_bytes_copy", "nocombine", "read_chunks", "read_flat")   # rows that write no attention output
+UNCHECKED = (COPY_ROW, "nocombine", "read_chunks", "read_flat")   # rows that write no attention output
 K_LOAD = ('tl.load(k_ptr + b * k_s0 + h_group * k_s1 + offs_j[None, :] * k_s2 + offs_d[:, None] * k_s3, '
           'eviction_policy="evict_first" if STREAM else "")')
 V_LOAD = ('tl.load(v_ptr + b * v_s0 + h_group * v_s1 + offs_j[:, None] * v_s2 + offs_e[None, :] * v_s3, '
@@ -62,9 +62,10 @@ def read_chunks_kernel(k_ptr, v_ptr, out_ptr, S, CHUNK, BLOCK_J: tl.constexpr, D
 def read_systems(k, v) -> dict:
     """Read-only kernels over K and V (see the module docstring), keyed by their row names."""
     heads, S, D = k.shape[1], k.shape[2], k.shape[3]
-    sums = torch.empty(k.numel() // 1024, device=k.device)
+    chunk_counts = (32, 64)
+    sums = torch.empty(heads * max(chunk_counts), device=k.device)   # one per program
     systems = {}
-    for bj, w, chunks in itertools.product((128, 64), (4, 8), (32, 64)):
+    for bj, w, chunks in itertools.product((128, 64), (4, 8), chunk_counts):
         chunk = -(-S // chunks)
         systems[f"read_chunks BJ={bj} w={w} chunks={chunks}"] = (
             lambda bj=bj, w=w, chunks=chunks, chunk=chunk: read_chunks_kernel[(heads, chunks)](
@@ -119,9 +120,7 @@ def main() -> None:
     k, v = (torch.randn(1, 8, args.kv, 128, device="cuda", dtype=torch.float16) for _ in range(2))
     want = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), enable_gqa=True)
     nbytes = (2 * q.numel() + 2 * k.numel()) * 2
-    copy_src = torch.empty(nbytes // 4, device="cuda", dtype=torch.float16).normal_()   # half read, half written
-    copy_dst = torch.empty_like(copy_src)
-    systems = {"same_bytes_copy": lambda: copy_dst.copy_(copy_src), "cudnn": lambda: cudnn_attention(q, k, v)}
+    systems = {COPY_ROW: same_bytes_copy(nbytes), "cudnn": lambda: cudnn_attention(q, k, v)}
     if args.reads:
         systems.update(read_systems(k, v))
     folder = Path(tempfile.mkdtemp())
