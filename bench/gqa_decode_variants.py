@@ -13,7 +13,8 @@ do_bench (the L2 cache starts full of dirty lines) and with a clean flush:
                    read-only ceiling for these bytes
 
     python bench/gqa_decode_variants.py [--kv 32768] [--rounds 3] [--variants emitted,nocombine,...]
-                                        [--grid stream|descriptors|big|small] [--reads]
+                                        [--grid stream|descriptors|big|small|tuned] [--reads]
+                                        [--combines default,rows8_chunks32,...]
 
 Every variant that writes the output is compared with float64 first. Imports only torch and triton.
 """
@@ -43,6 +44,15 @@ GRIDS = {   # (BLOCK_J, num_warps, chunks per kv head, descriptor loads, stages)
     "descriptors": list(itertools.product((128, 64), (4, 8), (32, 64, 128), (1,), (1, 2))),
     "big": [(bj, w, c, 0, 1) for bj, w, c in itertools.product((256, 128), (8, 16), (16, 32))],
     "small": [(64, w, c, 0, 1) for w, c in itertools.product((8, 4), (32, 64))],
+    "tuned": [(128, 8, 32, 0, 1)],
+}
+COMBINES = {   # --combines: how the last chunk program of a kv head combines the partials (rows x chunks a step)
+    "default": None,
+    "rows8_chunks32": dict(in_kernel=1, BLOCK_I_H=8, BLOCK_J_CHUNK=32),
+    "rows4_chunks32": dict(in_kernel=1, BLOCK_I_H=4, BLOCK_J_CHUNK=32),
+    "rows8_chunks8": dict(in_kernel=1, BLOCK_I_H=8, BLOCK_J_CHUNK=8),
+    "rows2_chunks32": dict(in_kernel=1, BLOCK_I_H=2, BLOCK_J_CHUNK=32),
+    "second_kernel": dict(in_kernel=0, num_warps=4, num_stages=1, BLOCK_I_H=8, BLOCK_J_CHUNK=16),
 }
 
 
@@ -109,6 +119,7 @@ def main() -> None:
     ap.add_argument("--variants", default="emitted,nocombine,prefetch,vearly")
     ap.add_argument("--grid", default="stream", choices=sorted(GRIDS))
     ap.add_argument("--reads", action="store_true", help="add the read-only kernels (read_chunks, read_flat)")
+    ap.add_argument("--combines", default="default", help=f"combine configs, of {','.join(COMBINES)}")
     ap.add_argument("--module", default=str(HERE / "generated" / "gqa_dc.py"))
     args = ap.parse_args()
     src = Path(args.module).read_text()
@@ -126,11 +137,14 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp())
     for variant in args.variants.split(","):
         mod = _module(_edit(src, variant), variant, folder)
-        for bj, w, c, tma, stages in GRIDS[args.grid]:
+        for (bj, w, c, tma, stages), combine in itertools.product(GRIDS[args.grid], args.combines.split(",")):
             cfg = dict(BLOCK_J=bj, num_warps=w, num_stages=stages, CHUNKS=c, STREAM=1, USE_TMA=tma)
-            tag = f"{variant} BJ={bj} w={w} chunks={c}" + (f" descriptors stages={stages}" if tma else "")
+            if COMBINES[combine]:
+                cfg["COMBINE"] = COMBINES[combine]
+            tag = (f"{variant} BJ={bj} w={w} chunks={c}" + (f" descriptors stages={stages}" if tma else "")
+                   + ("" if combine == "default" else f" {combine}"))
             systems[tag] = lambda mod=mod, cfg=cfg: mod.forward(q, k, v, config=cfg)
-    time_in_rounds(systems, clean, nbytes / 1e9, args.rounds, f"gqa_dc KV={args.kv}", want, width=40,
+    time_in_rounds(systems, clean, nbytes / 1e9, args.rounds, f"gqa_dc KV={args.kv}", want, width=52,
                    checked=lambda name: name.split()[0] not in UNCHECKED)
 
 

@@ -24,12 +24,12 @@ PREFILL_GRID = [dict(BLOCK_I=bm, BLOCK_J=bn, num_warps=w, num_stages=s)
                 for bm, bn, w, s in itertools.product((64, 128), (64, 128), (4, 8), (2, 3))]
 # decode: chunk counts per tile that put about 1, 2, 3 or 4 programs on each SM (0: the launcher's own count)
 PROGRAMS_PER_SM = (0, 1, 2, 3, 4)
-# loads: unpipelined with the read-once hint (STREAM 1), or pipelined 2-3 deep through pointers or descriptors
-# (the pipeliner drops the hint, so those run with STREAM 0)
-DECODE_LOADS = [dict(num_stages=1, STREAM=1, USE_TMA=0)] + [dict(num_stages=s, STREAM=0, USE_TMA=tma)
-                                                            for s, tma in itertools.product((2, 3), (0, 1))]
+# loads: unpipelined, through pointers with the read-once hint (STREAM 1) or through descriptors (which take no
+# hint), or pipelined 2-3 deep through pointers or descriptors (the pipeliner drops the hint: STREAM 0)
+DECODE_LOADS = [dict(num_stages=1, STREAM=1, USE_TMA=tma) for tma in (0, 1)] + [
+    dict(num_stages=s, STREAM=0, USE_TMA=tma) for s, tma in itertools.product((2, 3), (0, 1))]
 DECODE_GRID = [dict(BLOCK_J=bn, num_warps=w, **loads, programs_per_sm=p)
-               for bn, w, loads, p in itertools.product((32, 64, 128), (4, 8), DECODE_LOADS, PROGRAMS_PER_SM)]
+               for bn, w, loads, p in itertools.product((32, 64, 128, 256), (4, 8), DECODE_LOADS, PROGRAMS_PER_SM)]
 
 
 def decode_config(grid_entry: dict, tiles: int, sms: int) -> dict:
@@ -64,6 +64,7 @@ def main() -> None:
     ap.add_argument("--modules", default="bench/generated")
     ap.add_argument("--json", help="also write every config's time here")
     args = ap.parse_args()
+    print(torch.cuda.get_device_name(), f"torch {torch.__version__} triton {triton.__version__}", flush=True)
     everything = []
     for op in args.ops.split(","):
         mod = load(Path(args.modules) / f"{op}.py")

@@ -129,6 +129,11 @@ def _sm_count(device):
 
 
 @functools.lru_cache(maxsize=None)
+def _gpu_name(device):
+    return torch.cuda.get_device_name(device)
+
+
+@functools.lru_cache(maxsize=None)
 def _hopper(device):
     return torch.cuda.get_device_capability(device)[0] == 9
 

@@ -292,9 +292,10 @@ PLAN = {plan_one!r}
 # Tunables: block sizes, warps and pipeline stages (GPU), and the small blocks used under the interpreter.
 CONFIG = {gpu!r}
 INTERPRETER_CONFIG = {cpu!r}
-# Tunables measured best on the GPU per shape bucket (each size rounded up to a power of two); they replace
-# CONFIG's for calls in that bucket.
+# Tunables measured best per GPU name and shape bucket (each size rounded up to a power of two); they replace
+# CONFIG's for calls in that bucket. A GPU not listed takes the table of TUNED_FOR, the GPU the module was made for.
 TUNED = {tuned!r}
+TUNED_FOR = {tuned_for!r}
 # Inputs of forward in order: name -> (dtype, shape); a str in a shape is a size given at run time.
 INPUTS = {inputs_table!r}
 
@@ -305,6 +306,11 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # read when the kerne
 {runtime}
 
 {helpers}
+def _tuned_table(gpu_name):
+    """TUNED's table of shape buckets for this GPU, or TUNED_FOR's where TUNED holds none for it."""
+    return TUNED[gpu_name] if gpu_name in TUNED else TUNED.get(TUNED_FOR, {{}})
+
+
 def forward({args}, *, config=None):
     """{doc}"""
     if {first}.is_cuda:   # a call like an earlier one (inputs' signature, config) replays its launches
@@ -319,7 +325,7 @@ def forward({args}, *, config=None):
         raise RuntimeError("CPU tensors run under Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
     cfg = dict(INTERPRETER_CONFIG if device.type == "cpu" else CONFIG)
     if device.type == "cuda":
-        cfg.update(TUNED.get(bucket(sizes), {{}}))
+        cfg.update(_tuned_table(_gpu_name(device)).get(bucket(sizes), {{}}))
     cfg.update(config or {{}})
     rec = _Recording(({args},)) if device.type == "cuda" and _replay_enabled() else None
 {dims}
@@ -404,9 +410,11 @@ def _gluon_launch(w: GluonWriter, sched: Schedule) -> list[str]:
 
 
 def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.py", out_file: str = "OUT.py",
-                  tuned: dict | None = None, by_bucket: dict[str, dict] | None = None) -> str:
+                  tuned: dict | None = None, by_gpu: dict[str, dict[str, dict]] | None = None,
+                  tuned_for: str = "") -> str:
     """The module's source; `tuned` (a measured config) replaces the default GPU tunables it names, and
-    `by_bucket` (shape bucket -> measured config) those of calls whose sizes fall in a bucket."""
+    `by_gpu` (GPU name -> shape bucket -> measured config) those of calls on that GPU whose sizes fall in a
+    bucket; a GPU it does not name takes the table of `tuned_for`."""
     spec = sched.spec
     inputs = list(spec.inputs)
     shape = spec.output_shape or [spec.extent(a) for a in spec.output_axes]
@@ -451,7 +459,8 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
 
     binds = "\n".join(f"    _bind(sizes, {n!r}, {n}, {shape_code(spec.inputs[n].shape)})" for n in inputs)
     gpu.update({k: v for k, v in (tuned or {}).items() if k in gpu})
-    tuned_table = {b: {k: v for k, v in c.items() if k in gpu} for b, c in sorted((by_bucket or {}).items())}
+    tuned_table = {name: {b: {k: v for k, v in c.items() if k in gpu} for b, c in sorted(table.items())}
+                   for name, table in sorted((by_gpu or {}).items())}
     inputs_table = {n: (TORCH_DTYPE[spec.inputs[n].dtype].split(".")[1],
                         tuple(e if isinstance(e, int) else e.name for e in spec.inputs[n].shape)) for n in inputs}
     derived = spec.derived
@@ -464,6 +473,7 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
         title=title, spec=spec.name, spec_file=spec_file, out_file=out_file,
         plan=textwrap.indent(plan, "    "), plan_one=plan, name=name, gpu=gpu, cpu=cpu, kernels=kernels,
         helpers=helpers + inspect.getsource(bucket) + "\n\n", runtime=_runtime_source(), tuned=tuned_table,
+        tuned_for=tuned_for,
         gluon_imports=gluon_imports, inputs_table=inputs_table, args=", ".join(inputs), first=inputs[0], binds=binds, dims=dims or "    pass",
         launch="\n".join(launch), doc=f"{spec.name}: inputs {', '.join(inputs)}; returns {spec.output_name}.",
     )

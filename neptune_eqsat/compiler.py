@@ -10,7 +10,7 @@ from .cost import Device
 from .extract import Candidate, candidates
 from .saturate import Limits, Saturation, saturate
 from .spec import Spec, SpecError, load_spec
-from .tune import config_for, configs_by_bucket, db_path, key_prefix, measured_plans, plan_times
+from .tune import config_for, configs_by_gpu, db_path, key_prefix, measured_plans, plan_times
 
 
 class PlanError(ValueError):
@@ -143,7 +143,7 @@ def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, devic
                            ir.show_lets(best.term))
     tuned = config_for(measured, best.family)
     src = module_source(best.sched, module_name(spec), plan_text, spec_file or "SPEC.py", out_file or "OUT.py",
-                        tuned, configs_by_bucket(spec.name, device.name, best.family))
+                        tuned, configs_by_gpu(spec.name, best.family), device.name)
     return Result(spec, sat, cands, src, tuned, device, measured, key_prefix(spec.name, sizes, device.name), plan)
 
 

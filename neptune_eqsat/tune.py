@@ -117,17 +117,17 @@ def config_for(plans: dict[str, dict], family: str | None) -> dict | None:
     return record["config"] if record else None
 
 
-def configs_by_bucket(spec_name: str, gpu: str, family: str, path: Path | None = None) -> dict[str, dict]:
-    """shape bucket -> the config measured best for `family` (or of unknown family) at that bucket on `gpu`:
-    the table a generated module picks its tunables from by the shape of each call."""
-    db, buckets = load_db(path), {}
+def configs_by_gpu(spec_name: str, family: str, path: Path | None = None) -> dict[str, dict[str, dict]]:
+    """GPU name -> shape bucket -> the config measured best for `family` (or of unknown family) at that bucket
+    on that GPU: the tables a generated module picks its tunables from by the GPU and shape of each call."""
+    db, tables = load_db(path), {}
     for key in db:
         parts = key.split("|")
-        if len(parts) == 4 and parts[0] == spec_name and parts[2] == gpu and parts[1] not in buckets:
-            config = config_for(_plans_under(db, f"{spec_name}|{parts[1]}|{gpu}|"), family)
+        if len(parts) == 4 and parts[0] == spec_name and parts[1] not in tables.get(parts[2], {}):
+            config = config_for(_plans_under(db, f"{spec_name}|{parts[1]}|{parts[2]}|"), family)
             if config:
-                buckets[parts[1]] = config
-    return buckets
+                tables.setdefault(parts[2], {})[parts[1]] = config
+    return tables
 
 
 def stored_config(spec_name: str, sizes: dict[str, int], gpu: str, family: str | None = None) -> dict | None:
@@ -260,7 +260,7 @@ def tune_module(module, spec_name: str, sizes: dict[str, int], inputs: list, bud
         gpu = torch.cuda.get_device_name()
     config = dict(module.CONFIG)
     seeds = []
-    earlier = getattr(module, "TUNED", {}).get(bucket(sizes))
+    earlier = module._tuned_table(gpu).get(bucket(sizes)) if hasattr(module, "_tuned_table") else None
     if earlier:   # the config measured best before, for each kernel the module can run
         seeds = [{**earlier, "BACKEND": b} for b in ("gluon", "triton")] if "BACKEND" in config else [earlier]
     result = tune(module.forward, inputs, config, budget, measure, progress, seeds)

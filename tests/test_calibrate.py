@@ -121,14 +121,15 @@ def test_profiles_round_trip_and_merge_concurrent_writers(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))   # every write was renamed into place
 
 
-def test_shipped_profile_is_measured_and_selected_by_alias_or_gpu_name():
-    shipped = profiles.load(profiles.SHIPPED)[H100]
-    assert shipped["measured"] is True and "h100" in shipped["aliases"]
-    assert 2e12 < shipped["bandwidth"] < 4e12 and 3e14 < shipped["matrix_flops"] < 1e15
-    for name in ("h100", "H100", H100, H100.lower()):
+@pytest.mark.parametrize("gpu, alias, bandwidth", [(H100, "h100", (2e12, 4e12)), ("NVIDIA H200", "h200", (3.5e12, 5e12))])
+def test_shipped_profiles_are_measured_and_selected_by_alias_or_gpu_name(gpu, alias, bandwidth):
+    shipped = profiles.load(profiles.SHIPPED)[gpu]
+    assert shipped["measured"] is True and alias in shipped["aliases"]
+    assert bandwidth[0] < shipped["bandwidth"] < bandwidth[1] and 3e14 < shipped["matrix_flops"] < 1e15
+    for name in (alias, alias.upper(), gpu, gpu.lower()):
         dev = PRESETS[name]
-        assert dev.name == H100 and dev.sms == 132 and dev.source == "measured profile shipped with the package"
-    assert parse_device("h200") == NOMINAL["h200"]   # no profile: the nominal preset
+        assert dev.name == gpu and dev.sms == 132 and dev.source == "measured profile shipped with the package"
+    assert parse_device(alias) != NOMINAL[alias]   # the profile, not the nominal preset
 
 
 def test_parse_device_takes_user_profiles_first(own_devices_file):

@@ -158,14 +158,20 @@ def test_measured_times_replace_the_analytic_estimates(own_db):
     assert "why: unfused measured 500.0 us against rolled measured 900.0 us, the next best: both measured" in text
 
 
-def test_the_module_carries_a_measured_config_per_shape_bucket(own_db):
+def test_the_module_carries_a_measured_config_per_gpu_and_shape_bucket(own_db):
     for S, block in ((1000, 64), (4096, 128)):
         key = tune.db_key("gqa_pf", {"B": 1, "S": S}, "Lab GPU", triton.__version__)
         tune.store_plan(key, "rolled", {"config": {"BLOCK_I": block, "num_warps": 4}, "seconds": 1e-4})
     tune.store_plan(tune.db_key("gqa_pf", {"B": 1, "S": 512}, "Other GPU", triton.__version__), "rolled",
                     {"config": {"BLOCK_I": 32}, "seconds": 1e-4})
+    tune.store_plan(tune.db_key("softmax", {"B": 1, "S": 512}, "Lab GPU", triton.__version__), "rolled",
+                    {"config": {"BLOCK_I": 16}, "seconds": 1e-4})   # another spec's: not in this module
     res = optimize(str(SPECS / "gqa_pf.py"), device=Device(name="Lab GPU"))
     mod = load_module(res.source, "gqa_pf_buckets")
-    assert mod.TUNED == {"B=1,S=1024": {"BLOCK_I": 64, "num_warps": 4}, "B=1,S=4096": {"BLOCK_I": 128, "num_warps": 4}}
-    assert mod.TUNED[mod.bucket({"B": 1, "S": 777})]["BLOCK_I"] == 64      # calls find their bucket's config
+    lab = {"B=1,S=1024": {"BLOCK_I": 64, "num_warps": 4}, "B=1,S=4096": {"BLOCK_I": 128, "num_warps": 4}}
+    assert mod.TUNED == {"Lab GPU": lab, "Other GPU": {"B=1,S=512": {"BLOCK_I": 32}}}
+    assert mod.TUNED_FOR == "Lab GPU"
+    assert mod._tuned_table("Lab GPU")[mod.bucket({"B": 1, "S": 777})]["BLOCK_I"] == 64   # calls find their bucket
     assert mod.bucket({"B": 1, "S": 3000}) == "B=1,S=4096"
+    assert mod._tuned_table("Other GPU") == {"B=1,S=512": {"BLOCK_I": 32}}   # each GPU its own measurements
+    assert mod._tuned_table("Unmeasured GPU") == lab      # a GPU never measured: the module's own GPU's table
