@@ -293,7 +293,8 @@ PLAN = {plan_one!r}
 CONFIG = {gpu!r}
 INTERPRETER_CONFIG = {cpu!r}
 # Tunables measured best per GPU name and shape bucket (each size rounded up to a power of two); they replace
-# CONFIG's for calls in that bucket. A GPU not listed takes the table of TUNED_FOR, the GPU the module was made for.
+# CONFIG's for calls in that bucket on that GPU. A bucket a GPU was not measured at takes what was measured on
+# TUNED_FOR, the GPU the module was made for.
 TUNED = {tuned!r}
 TUNED_FOR = {tuned_for!r}
 # Inputs of forward in order: name -> (dtype, shape); a str in a shape is a size given at run time.
@@ -306,9 +307,10 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # read when the kerne
 {runtime}
 
 {helpers}
-def _tuned_table(gpu_name):
-    """TUNED's table of shape buckets for this GPU, or TUNED_FOR's where TUNED holds none for it."""
-    return TUNED[gpu_name] if gpu_name in TUNED else TUNED.get(TUNED_FOR, {{}})
+def _tuned_config(gpu_name, shape_bucket):
+    """The tunables measured best on this GPU for this shape bucket, else those measured on TUNED_FOR."""
+    table = TUNED.get(gpu_name, {{}})
+    return table[shape_bucket] if shape_bucket in table else TUNED.get(TUNED_FOR, {{}}).get(shape_bucket, {{}})
 
 
 def forward({args}, *, config=None):
@@ -325,7 +327,7 @@ def forward({args}, *, config=None):
         raise RuntimeError("CPU tensors run under Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
     cfg = dict(INTERPRETER_CONFIG if device.type == "cpu" else CONFIG)
     if device.type == "cuda":
-        cfg.update(_tuned_table(_gpu_name(device)).get(bucket(sizes), {{}}))
+        cfg.update(_tuned_config(_gpu_name(device), bucket(sizes)))
     cfg.update(config or {{}})
     rec = _Recording(({args},)) if device.type == "cuda" and _replay_enabled() else None
 {dims}
@@ -414,7 +416,7 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
                   tuned_for: str = "") -> str:
     """The module's source; `tuned` (a measured config) replaces the default GPU tunables it names, and
     `by_gpu` (GPU name -> shape bucket -> measured config) those of calls on that GPU whose sizes fall in a
-    bucket; a GPU it does not name takes the table of `tuned_for`."""
+    bucket; a bucket not measured on the GPU of a call takes the config measured on `tuned_for`."""
     spec = sched.spec
     inputs = list(spec.inputs)
     shape = spec.output_shape or [spec.extent(a) for a in spec.output_axes]

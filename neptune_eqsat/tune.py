@@ -260,7 +260,7 @@ def tune_module(module, spec_name: str, sizes: dict[str, int], inputs: list, bud
         gpu = torch.cuda.get_device_name()
     config = dict(module.CONFIG)
     seeds = []
-    earlier = module._tuned_table(gpu).get(bucket(sizes)) if hasattr(module, "_tuned_table") else None
+    earlier = module._tuned_config(gpu, bucket(sizes)) if hasattr(module, "_tuned_config") else None
     if earlier:   # the config measured best before, for each kernel the module can run
         seeds = [{**earlier, "BACKEND": b} for b in ("gluon", "triton")] if "BACKEND" in config else [earlier]
     result = tune(module.forward, inputs, config, budget, measure, progress, seeds)

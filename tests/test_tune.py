@@ -171,7 +171,10 @@ def test_the_module_carries_a_measured_config_per_gpu_and_shape_bucket(own_db):
     lab = {"B=1,S=1024": {"BLOCK_I": 64, "num_warps": 4}, "B=1,S=4096": {"BLOCK_I": 128, "num_warps": 4}}
     assert mod.TUNED == {"Lab GPU": lab, "Other GPU": {"B=1,S=512": {"BLOCK_I": 32}}}
     assert mod.TUNED_FOR == "Lab GPU"
-    assert mod._tuned_table("Lab GPU")[mod.bucket({"B": 1, "S": 777})]["BLOCK_I"] == 64   # calls find their bucket
+    assert mod._tuned_config("Lab GPU", mod.bucket({"B": 1, "S": 777}))["BLOCK_I"] == 64   # calls find their bucket
     assert mod.bucket({"B": 1, "S": 3000}) == "B=1,S=4096"
-    assert mod._tuned_table("Other GPU") == {"B=1,S=512": {"BLOCK_I": 32}}   # each GPU its own measurements
-    assert mod._tuned_table("Unmeasured GPU") == lab      # a GPU never measured: the module's own GPU's table
+    assert mod._tuned_config("Other GPU", "B=1,S=512") == {"BLOCK_I": 32}   # each GPU its own measurements
+    assert mod._tuned_config("Lab GPU", "B=1,S=512") == {}
+    # a bucket not measured on the GPU of the call: what was measured on the module's own GPU
+    assert mod._tuned_config("Other GPU", "B=1,S=4096") == lab["B=1,S=4096"]
+    assert mod._tuned_config("Unmeasured GPU", "B=1,S=1024") == lab["B=1,S=1024"]
