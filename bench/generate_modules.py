@@ -15,9 +15,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from attention import OPS
+
 HERE = Path(__file__).resolve().parent
-OPS = ("global_pf", "causal_pf", "gqa_pf", "alibi_pf", "softcap_pf", "window_pf",
-       "causal_dc", "gqa_dc", "alibi_dc", "softcap_dc")
 TUNING = ("h100-tuning-gluon", "h100-tile-order", "h100-tuning-stream", "h200-tuning-decode", "h100-tuning-batch")
 
 
