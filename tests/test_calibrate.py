@@ -132,6 +132,11 @@ def test_shipped_profiles_are_measured_and_selected_by_alias_or_gpu_name(gpu, al
     assert parse_device(alias) != NOMINAL[alias]   # the profile, not the nominal preset
 
 
+def test_a_name_without_a_profile_takes_the_nominal_preset(own_devices_file, monkeypatch, tmp_path):
+    monkeypatch.setattr(profiles, "SHIPPED", tmp_path / "none.json")
+    assert parse_device("h200") == NOMINAL["h200"] and parse_device("H100") == NOMINAL["h100"]
+
+
 def test_parse_device_takes_user_profiles_first(own_devices_file):
     profiles.store({"name": "Lab GPU X", "sms": 66, "bandwidth": 1.5e12, "matrix_flops": 2e14,
                     "vector_ops": 2e13, "special_ops": 1e12, "launch_seconds": 5e-6, "measured": True})
