@@ -18,7 +18,8 @@ from pathlib import Path
 from attention import OPS
 
 HERE = Path(__file__).resolve().parent
-TUNING = ("h100-tuning-gluon", "h100-tile-order", "h100-tuning-stream", "h200-tuning-decode", "h100-tuning-batch")
+TUNING = ("h100-tuning-gluon", "h100-tile-order", "h100-tuning-stream", "h200-tuning-decode", "h100-tuning-batch",
+          "h100-tuning-batch-small", "h200-tuning-1k")
 
 
 def joined_databases(folders: list[str]) -> dict:

@@ -7,8 +7,13 @@ do_bench (the L2 cache starts full of dirty lines) and with a clean flush:
     prefetch       the unmasked key loop loads the next block's K and V into registers before this block's
                    products (a register double buffer)
     vearly         V is loaded with K at the top of the block, not after the scores
+    interleave     chunk c takes key blocks c, c + chunks, c + 2 chunks, ... instead of one run of blocks, so
+                   programs running together read neighbouring blocks
+    dynamic        the programs of a kv head take its key blocks one at a time from a counter (an atomic add),
+                   so a program that runs fast takes more blocks: the split is balanced as it runs
     read_chunks    not attention: the same programs (kv head x chunk) only read their K and V blocks, with the
                    same loads, and sum them: what the grid and its loads can reach with no work per block
+    read_interleave, read_dynamic  not attention: read_chunks with the block orders of interleave and dynamic
     read_flat      not attention: K and V read as two flat arrays in blocks of 16-128 KB (read-once hint): a
                    read-only ceiling for these bytes
 
@@ -33,12 +38,19 @@ from decode_timing import FLUSH_BYTES, time_in_rounds
 from sweep_configs import cudnn_attention, load
 
 HERE = Path(__file__).resolve().parent
-UNCHECKED = (COPY_ROW, "nocombine", "read_chunks", "read_flat")   # rows that write no attention output
+UNCHECKED = (COPY_ROW, "nocombine", "read_chunks", "read_flat", "read_interleave", "read_dynamic")   # rows that write no attention output
 K_LOAD = ('tl.load(k_ptr + b * k_s0 + h_group * k_s1 + offs_j[None, :] * k_s2 + offs_d[:, None] * k_s3, '
           'eviction_policy="evict_first" if STREAM else "")')
 V_LOAD = ('tl.load(v_ptr + b * v_s0 + h_group * v_s1 + offs_j[:, None] * v_s2 + offs_e[None, :] * v_s3, '
           'eviction_policy="evict_first" if STREAM else "")')
 FULL_LOOP = "    for start in range(full_lo, full_hi, BLOCK_J):\n        offs_j = start + tl.arange(0, BLOCK_J)\n"
+CHUNK_RANGE = "    chunk_lo = pid_chunk * chunk_len\n    chunk_hi = tl.minimum(chunk_lo + chunk_len, SKV)\n"
+EDGE_LOOPS = {   # the masked loops before and after the unmasked one -> the same run by chunk 0 only
+    "    for start in range(lo, full_lo, BLOCK_J):\n":
+        "    for start in range(lo, tl.where(pid_chunk == 0, full_lo, lo), BLOCK_J):\n",
+    "    for start in range(full_hi, hi, BLOCK_J):\n":
+        "    for start in range(full_hi, tl.where(pid_chunk == 0, hi, full_hi), BLOCK_J):\n"}
+GRAB_OFFSET = 512   # the dynamic variant's block counters sit past the tiles' tickets in the same zeroed buffer
 GRIDS = {   # (BLOCK_J, num_warps, chunks per kv head, descriptor loads, stages)
     "stream": [(128, w, c, 0, 1) for w, c in itertools.product((8, 4), (32, 16, 64))],
     "descriptors": list(itertools.product((128, 64), (4, 8), (32, 64, 128), (1,), (1, 2))),
@@ -69,17 +81,51 @@ def read_chunks_kernel(k_ptr, v_ptr, out_ptr, S, CHUNK, BLOCK_J: tl.constexpr, D
     tl.store(out_ptr + h * tl.num_programs(1) + c, tl.sum(total))
 
 
+@triton.jit
+def read_ordered_kernel(k_ptr, v_ptr, out_ptr, grab_ptr, S, BLOCK_J: tl.constexpr, D: tl.constexpr,
+                        DYNAMIC: tl.constexpr):
+    """read_chunks with chunk c reading blocks c, c + chunks, ... (DYNAMIC 0) or taking the next block of its
+    head from a counter (DYNAMIC 1; the last program of a head to finish zeroes the head's two counters)."""
+    h, c, chunks = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
+    offs_d = tl.arange(0, D)
+    n_blocks = S // BLOCK_J
+    total = tl.zeros([BLOCK_J, D], dtype=tl.float32)
+    if DYNAMIC:
+        blk = tl.atomic_add(grab_ptr + h, 1)
+        while blk < n_blocks:
+            nxt = tl.atomic_add(grab_ptr + h, 1)   # in flight while this block loads
+            rows = h * S * D + (blk * BLOCK_J + tl.arange(0, BLOCK_J))[:, None] * D + offs_d[None, :]
+            total += tl.load(k_ptr + rows, eviction_policy="evict_first").to(tl.float32)
+            total += tl.load(v_ptr + rows, eviction_policy="evict_first").to(tl.float32)
+            blk = nxt
+        if tl.atomic_add(grab_ptr + tl.num_programs(0) + h, 1) == chunks - 1:
+            tl.store(grab_ptr + h, 0)
+            tl.store(grab_ptr + tl.num_programs(0) + h, 0)
+    else:
+        for blk in range(c, n_blocks, chunks):
+            rows = h * S * D + (blk * BLOCK_J + tl.arange(0, BLOCK_J))[:, None] * D + offs_d[None, :]
+            total += tl.load(k_ptr + rows, eviction_policy="evict_first").to(tl.float32)
+            total += tl.load(v_ptr + rows, eviction_policy="evict_first").to(tl.float32)
+    tl.store(out_ptr + h * chunks + c, tl.sum(total))
+
+
 def read_systems(k, v) -> dict:
     """Read-only kernels over K and V (see the module docstring), keyed by their row names."""
     heads, S, D = k.shape[1], k.shape[2], k.shape[3]
-    chunk_counts = (32, 64)
+    chunk_counts = (32, 64, 128, 256)
     sums = torch.empty(heads * max(chunk_counts), device=k.device)   # one per program
+    grab = torch.zeros(2 * heads, device=k.device, dtype=torch.int32)
     systems = {}
-    for bj, w, chunks in itertools.product((128, 64), (4, 8), chunk_counts):
+    for w, chunks in itertools.product((4, 8), chunk_counts):
         chunk = -(-S // chunks)
-        systems[f"read_chunks BJ={bj} w={w} chunks={chunks}"] = (
-            lambda bj=bj, w=w, chunks=chunks, chunk=chunk: read_chunks_kernel[(heads, chunks)](
-                k, v, sums, S, chunk, BLOCK_J=bj, D=D, num_warps=w, num_stages=1))
+        systems[f"read_chunks BJ=128 w={w} chunks={chunks}"] = (
+            lambda w=w, chunks=chunks, chunk=chunk: read_chunks_kernel[(heads, chunks)](
+                k, v, sums, S, chunk, BLOCK_J=128, D=D, num_warps=w, num_stages=1))
+    for (name, dynamic), w, chunks in itertools.product((("read_interleave", 0), ("read_dynamic", 1)), (4, 8),
+                                                        (32, 64)):
+        systems[f"{name} BJ=128 w={w} chunks={chunks}"] = (
+            lambda w=w, chunks=chunks, dynamic=dynamic: read_ordered_kernel[(heads, chunks)](
+                k, v, sums, grab, S, BLOCK_J=128, D=D, DYNAMIC=dynamic, num_warps=w, num_stages=1))
     for kb, w in ((16, 4), (64, 8), (128, 16)):   # KB per program per tensor
         systems[f"read_flat {kb} KB blocks w={w}"] = read_only(k, v, block=kb * 512, num_warps=w)
     return systems
@@ -89,6 +135,22 @@ def _edit(src: str, variant: str) -> str:
     """The module source with one kernel edit; the edits address the emitted lines of the unmasked loop."""
     k_var, v_var = (next(ln.split(" = ")[0].strip() for ln in src.splitlines() if ln.strip().endswith(" = " + x))
                     for x in (K_LOAD, V_LOAD))
+    if variant in ("interleave", "dynamic"):   # every program spans the whole key range; edge blocks: chunk 0
+        src = src.replace(CHUNK_RANGE, "    chunk_lo = 0\n    chunk_hi = SKV\n")
+        for loop, chunk0_only in EDGE_LOOPS.items():
+            src = src.replace(loop, chunk0_only)
+    if variant == "interleave":
+        return src.replace(FULL_LOOP, FULL_LOOP.replace(
+            "range(full_lo, full_hi, BLOCK_J)", "range(full_lo + pid_chunk * BLOCK_J, full_hi, tl.num_programs(2) * BLOCK_J)"))
+    if variant == "dynamic":
+        grab = f"tickets_ptr + {GRAB_OFFSET} + pid_grid * tl.num_programs(0) + pid_row"
+        src = src.replace(FULL_LOOP, (
+            f"    blk = tl.atomic_add({grab}, 1)\n    n_full = (full_hi - full_lo) // BLOCK_J\n"
+            f"    while blk < n_full:\n        nxt = tl.atomic_add({grab}, 1)\n"
+            "        start = full_lo + blk * BLOCK_J\n        offs_j = start + tl.arange(0, BLOCK_J)\n"))
+        last_loop = list(EDGE_LOOPS.values())[1]
+        src = src.replace(last_loop, "        blk = nxt\n" + last_loop, 1)
+        return src.replace("            tl.store(ticket, 0)\n", f"            tl.store(ticket, 0)\n            tl.store({grab}, 0)\n")
     if variant == "nocombine":
         return src.replace("if tl.atomic_add(ticket, 1) == tl.num_programs(2) - 1:", "if tl.atomic_add(ticket, 1) < 0:")
     if variant == "vearly":
