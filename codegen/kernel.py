@@ -26,6 +26,7 @@ UNARY_CODE = {
     "abs": "tl.abs({})", "exp2_or_zero": "tl.where(tl.math.exp2({0}) < float('inf'), tl.math.exp2({0}), 0.0)",
     "recip": "(1.0 / {})", "not": "({} == 0)",
     "tanh": "(2.0 * tl.sigmoid(2.0 * {}) - 1.0)",
+    "logistic2": "(1.0 / (1.0 + tl.math.exp2({})))",   # 2^x overflows to inf only where the result is 0
     "finite_or_zero": "tl.where(tl.abs({0}) < float('inf'), {0}, 0.0)",
     "exp_or_zero": "tl.where(tl.exp({0}) < float('inf'), tl.exp({0}), 0.0)",
 }

@@ -158,7 +158,8 @@ _NP_UN = {"neg": np.negative, "exp": np.exp, "exp2": np.exp2, "log": np.log, "ta
           "exp2_or_zero": lambda x: np.where(np.isfinite(np.exp2(x)), np.exp2(x), 0.0),
           "recip": np.reciprocal, "not": np.logical_not,
           "finite_or_zero": lambda x: np.where(np.isfinite(x), x, 0.0),
-          "exp_or_zero": lambda x: np.where(np.isfinite(np.exp(x)), np.exp(x), 0.0)}
+          "exp_or_zero": lambda x: np.where(np.isfinite(np.exp(x)), np.exp(x), 0.0),
+          "logistic2": lambda x: 1.0 / (1.0 + np.exp2(x))}
 _NP_BIN = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum,
            "min": np.minimum, "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
            "eq": np.equal, "ne": np.not_equal, "and": np.logical_and, "or": np.logical_or,

@@ -18,7 +18,7 @@ from .ir import Term
 from .schedule import Schedule
 
 DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
-TRANSCENDENTAL = {"exp", "exp2", "exp2_or_zero", "exp_or_zero", "log", "tanh", "sqrt", "recip"}
+TRANSCENDENTAL = {"exp", "exp2", "exp2_or_zero", "exp_or_zero", "log", "tanh", "sqrt", "recip", "logistic2"}
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-UNARY = ("neg", "exp", "log", "tanh", "sqrt", "abs", "recip", "finite_or_zero", "exp_or_zero", "exp2", "exp2_or_zero", "not")
+UNARY = ("neg", "exp", "log", "tanh", "sqrt", "abs", "recip", "finite_or_zero", "exp_or_zero", "exp2", "exp2_or_zero", "not",
+         "logistic2")   # logistic2(x) = 1 / (1 + 2^x), the logistic function in base 2: 1 at -inf, 0 at +inf
 ARITH = ("add", "sub", "mul", "div", "max", "min")
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 LOGIC = ("and", "or")

@@ -28,7 +28,8 @@ def _min(*xs):
 
 def is_zero(e: sp.Expr) -> bool:
     e = e.replace(sp.Max, _max).replace(sp.Min, _min)
-    return sp.simplify(e) == 0
+    # hyperbolic functions written as exponentials, which simplify can cancel against exp and 2**x
+    return sp.simplify(e) == 0 or sp.simplify(e.rewrite(sp.exp)) == 0
 
 
 def proves(lhs: sp.Expr, rhs: sp.Expr) -> bool:
@@ -38,7 +39,7 @@ def proves(lhs: sp.Expr, rhs: sp.Expr) -> bool:
 class SymOps:
     """Builds sympy expressions from rule patterns."""
     UN = {"neg": lambda a: -a, "exp": sp.exp, "exp2": lambda a: 2 ** a, "log": sp.log, "tanh": sp.tanh, "sqrt": sp.sqrt, "abs": sp.Abs,
-          "recip": lambda a: 1 / a}
+          "recip": lambda a: 1 / a, "logistic2": lambda a: 1 / (1 + 2 ** a)}
     BIN = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
            "div": lambda a, b: a / b, "max": sp.Max, "min": sp.Min}
 

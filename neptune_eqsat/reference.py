@@ -54,7 +54,8 @@ def _union(*vals: Value) -> tuple[str, ...]:
 
 _UN = {"neg": torch.neg, "exp": torch.exp, "log": torch.log, "tanh": torch.tanh, "sqrt": torch.sqrt,
        "abs": torch.abs, "exp2": torch.exp2,
-       "exp2_or_zero": lambda x: torch.where(torch.isfinite(torch.exp2(x)), torch.exp2(x), torch.zeros_like(x)), "recip": torch.reciprocal, "not": torch.logical_not,
+       "exp2_or_zero": lambda x: torch.where(torch.isfinite(torch.exp2(x)), torch.exp2(x), torch.zeros_like(x)), "recip": torch.reciprocal,
+       "logistic2": lambda x: torch.sigmoid(-x * math.log(2.0)), "not": torch.logical_not,
        "finite_or_zero": lambda x: torch.where(torch.isfinite(x), x, torch.zeros_like(x)),
        "exp_or_zero": lambda x: torch.where(torch.isfinite(torch.exp(x)), torch.exp(x), torch.zeros_like(x))}
 _BIN = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,

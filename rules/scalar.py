@@ -2,7 +2,10 @@
 
 exp(a) = exp2(a * log2 e); the factor then moves through differences, masks (where(p, a, -inf)), the
 empty-row guard where(m == -inf, 0, m), running maxima and prev, until it meets the score's scale and folds
-into one constant. Each rule is proved; which forms win is the cost model's choice.
+into one constant. tanh and the logistic function become logistic2(x) = 1 / (1 + 2^x) (one exp2 and one
+reciprocal, saturating to 0 or 1 instead of overflowing), whose argument's factor folds the same way, and a cap
+that multiplies tanh distributes over 1 - 2 logistic2. Each rule is proved; which forms win is the cost
+model's choice.
 """
 import math
 
@@ -10,8 +13,8 @@ import sympy as sp
 from egglog import String, f64, rule, union, var
 
 from neptune_eqsat.eterm import ETerm
-from neptune_eqsat.proof import proves
-from neptune_eqsat.rulebook import Rule, make_ruleset
+from neptune_eqsat.proof import SymOps, proves
+from neptune_eqsat.rulebook import EggOps, Rule, evaluate_both, make_ruleset
 
 F = "scalar"
 LOG2E = 1.0 / math.log(2.0)
@@ -32,6 +35,16 @@ def _proved(statement: str, lhs, rhs):
     return lambda: (statement, proves(lhs, rhs))
 
 
+def _tanh_as_logistic2(o, a):
+    """tanh(a) = 1 - 2 / (1 + e^(2a)), with e^(2a) = 2^(a * 2 log2 e)."""
+    return o.bin("sub", o.const(1.0), o.bin("mul", o.un("logistic2", o.bin("mul", a, o.const(2.0 * LOG2E))),
+                                            o.const(2.0)))
+
+
+def _logistic2_of_exp2(o, a):
+    return o.bin("div", o.const(1.0), o.bin("add", o.const(1.0), o.un("exp2", a)))
+
+
 def guard(v):
     """where(v == -inf, 0, v): a maximum read as 0 when its row is empty."""
     return ETerm.where(ETerm.bin("eq", v, NEG_INF), C(0.0), v)
@@ -49,6 +62,19 @@ RULES = [
          _rw("fold-constant-factors", ETerm.bin("mul", ETerm.bin("mul", a, C(k)), C(k2)),
              ETerm.bin("mul", a, C(k * k2))),
          _proved("(a*k)*k2 = a*(k*k2)", (sa * sk) * sk2, sa * (sk * sk2))),
+    Rule("constant-product", F, "k * k2 = (k*k2): constants multiply before the kernel runs",
+         _rw("constant-product", ETerm.bin("mul", C(k), C(k2)), C(k * k2)),
+         lambda: ("k * k2 is one constant, computed (in f64) when the rule fires", True)),
+    Rule("tanh-as-logistic2", F, "tanh(a) = 1 - 2 logistic2(a * 2 log2 e): one exp2 and a reciprocal, and the "
+         "factor folds into the score's scale",
+         _rw("tanh-as-logistic2", ETerm.un("tanh", a), _tanh_as_logistic2(EggOps(), a)),
+         _proved("tanh(a) = 1 - 2/(1 + 2**(2a / log(2)))", sp.tanh(sa), 1 - 2 / (1 + 2 ** (2 * sa / sp.log(2)))),
+         evaluate_both(lambda o, a: o.un("tanh", a), _tanh_as_logistic2), 1),
+    Rule("logistic2-of-exp2", F, "1 / (1 + exp2(a)) = logistic2(a): the logistic function (sigmoid) without an "
+         "exp2 that may overflow",
+         _rw("logistic2-of-exp2", _logistic2_of_exp2(EggOps(), a), ETerm.un("logistic2", a)),
+         _proved("1/(1 + 2**a) = logistic2(a)", 1 / (1 + 2 ** sa), SymOps().un("logistic2", sa)),
+         evaluate_both(_logistic2_of_exp2, lambda o, a: o.un("logistic2", a)), 1),
     Rule("constant-over-difference", F, "(a - b) * k = a*k - b*k",
          _rw("constant-over-difference", ETerm.bin("mul", ETerm.bin("sub", a, b), C(k)),
              ETerm.bin("sub", ETerm.bin("mul", a, C(k)), ETerm.bin("mul", b, C(k)))),

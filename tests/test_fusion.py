@@ -1,4 +1,7 @@
 """The same generic rules fuse attention, softmax, log-softmax and a chain nobody wrote code for."""
+import math
+import re
+
 import pytest
 import torch
 
@@ -96,3 +99,19 @@ def test_chain_that_cannot_be_repaired_stays_unfused_and_says_why(tmp_path):
     assert result.chosen.family == "unfused" and result.chosen.sched.passes == 2
     assert "not rolled: sum(j, ((x[r, j] - max(j, x[r, j]))" in result.explain()
     assert_close(str(path), {"R": 7, "N": 45})
+
+
+def test_soft_cap_becomes_one_exp2_with_its_constants_folded():
+    """cap * tanh(s / cap) is extracted as c - 2c * logistic2(s * k): tanh-as-logistic2 fires, the score's scale
+    and 2 log2(e) fold into one factor k, the cap (times log2 e, for the softmax's exp2) distributes over the
+    difference, and no sigmoid is left in the kernel (whose correctness test_kernels checks)."""
+    result = optimize(SPECS / "softcap_pf.py")
+    assert result.saturation.fired["tanh-as-logistic2"] >= 1
+    text = ir.show(result.chosen.term)
+    assert "tanh" not in text
+    found = re.search(r"\(([0-9.]+) - \(([0-9.]+) \* logistic2\(\(sum\(d, .*?\)\) \* ([0-9.e-]+)\)\)\)\)", text)
+    assert found, text
+    cap, twice_cap, factor = (float(x) for x in found.groups())
+    assert cap == pytest.approx(50 * math.log2(math.e)) and twice_cap == pytest.approx(2 * cap)
+    assert factor == pytest.approx(2 * math.log2(math.e) / (50 * math.sqrt(128)))
+    assert "tl.sigmoid" not in result.source and "(1.0 / (1.0 + tl.math.exp2(" in result.source
