@@ -41,8 +41,12 @@ def _tanh_as_logistic2(o, a):
                                             o.const(2.0)))
 
 
-def _logistic2_of_exp2(o, a):
-    return o.bin("div", o.const(1.0), o.bin("add", o.const(1.0), o.un("exp2", a)))
+def _over_one_plus_exp2(o, a, b):
+    return o.bin("div", a, o.bin("add", o.const(1.0), o.un("exp2", b)))
+
+
+def _times_logistic2(o, a, b):
+    return o.bin("mul", a, o.un("logistic2", b))
 
 
 def guard(v):
@@ -70,11 +74,13 @@ RULES = [
          _rw("tanh-as-logistic2", ETerm.un("tanh", a), _tanh_as_logistic2(EggOps(), a)),
          _proved("tanh(a) = 1 - 2/(1 + 2**(2a / log(2)))", sp.tanh(sa), 1 - 2 / (1 + 2 ** (2 * sa / sp.log(2)))),
          evaluate_both(lambda o, a: o.un("tanh", a), _tanh_as_logistic2), 1),
-    Rule("logistic2-of-exp2", F, "1 / (1 + exp2(a)) = logistic2(a): the logistic function (sigmoid) without an "
-         "exp2 that may overflow",
-         _rw("logistic2-of-exp2", _logistic2_of_exp2(EggOps(), a), ETerm.un("logistic2", a)),
-         _proved("1/(1 + 2**a) = logistic2(a)", 1 / (1 + 2 ** sa), SymOps().un("logistic2", sa)),
-         evaluate_both(_logistic2_of_exp2, lambda o, a: o.un("logistic2", a)), 1),
+    Rule("logistic2-of-exp2", F, "a / (1 + exp2(b)) = a * logistic2(b): the logistic function (sigmoid) "
+         "without an exp2 that may overflow",
+         _rw("logistic2-of-exp2", _over_one_plus_exp2(EggOps(), a, b), _times_logistic2(EggOps(), a, b)),
+         _proved("a/(1 + 2**b) = a * logistic2(b)", sa / (1 + 2 ** sb), sa * SymOps().un("logistic2", sb)),
+         evaluate_both(_over_one_plus_exp2, _times_logistic2), 2),
+    Rule("times-one", F, "1 * a = a", _rw("times-one", ETerm.bin("mul", C(1.0), a), a),
+         _proved("1*a = a", 1 * sa, sa)),
     Rule("constant-over-difference", F, "(a - b) * k = a*k - b*k",
          _rw("constant-over-difference", ETerm.bin("mul", ETerm.bin("sub", a, b), C(k)),
              ETerm.bin("sub", ETerm.bin("mul", a, C(k)), ETerm.bin("mul", b, C(k)))),

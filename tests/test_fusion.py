@@ -13,7 +13,7 @@ from neptune_eqsat.saturate import Limits, saturate
 from neptune_eqsat.schedule import schedule
 from neptune_eqsat.spec import load_spec
 
-from conftest import SPECS, assert_close
+from conftest import SPECS, assert_close, spec_variant
 
 
 def rolls(term):
@@ -115,3 +115,21 @@ def test_soft_cap_becomes_one_exp2_with_its_constants_folded():
     assert cap == pytest.approx(50 * math.log2(math.e)) and twice_cap == pytest.approx(2 * cap)
     assert factor == pytest.approx(2 * math.log2(math.e) / (50 * math.sqrt(128)))
     assert "tl.sigmoid" not in result.source and "(1.0 / (1.0 + tl.math.exp2(" in result.source
+
+
+def test_logistic_function_becomes_logistic2_and_stays_right(tmp_path):
+    """1 / (1 + exp(-x)) (a sigmoid, as FlexAttention score_mods write it) is extracted as logistic2 of a scaled
+    x: no exp2 that may overflow is left, and the kernel matches float64, also where x is large enough that
+    exp(-x) overflows."""
+    path = spec_variant(tmp_path, "softmax", {
+        'spec = Spec("softmax")': 'spec = Spec("gated_sum")',
+        "m = max(j, x[r, j])\np = exp(x[r, j] - m)\nspec.output(\"y\", f32, p / sum(j, p), r, j)":
+            'spec.output("y", f32, sum(j, x[r, j] / (1.0 + exp(-x[r, j]))), r)'})
+    result = optimize(path)
+    assert result.saturation.fired["logistic2-of-exp2"] >= 1
+    text = ir.show(result.chosen.term)
+    assert "logistic2(" in text and "exp" not in text.replace("logistic2", ""), text
+    sizes = {"R": 5, "N": 37}
+    x = torch.randn(5, 37, dtype=torch.float32) * 4
+    x[0, :5] = torch.tensor([-200.0, -90.0, 0.0, 90.0, 200.0])
+    assert_close(path, sizes, inputs={"x": x})
