@@ -38,7 +38,7 @@ from decode_timing import FLUSH_BYTES, time_in_rounds
 from sweep_configs import cudnn_attention, load
 
 HERE = Path(__file__).resolve().parent
-UNCHECKED = (COPY_ROW, "nocombine", "read_chunks", "read_flat", "read_interleave", "read_dynamic")   # rows that write no attention output
+UNCHECKED = (COPY_ROW, "nocombine", "read_chunks", "read_flat", "read_interleave", "read_dynamic")   # no output
 K_LOAD = ('tl.load(k_ptr + b * k_s0 + h_group * k_s1 + offs_j[None, :] * k_s2 + offs_d[:, None] * k_s3, '
           'eviction_policy="evict_first" if STREAM else "")')
 V_LOAD = ('tl.load(v_ptr + b * v_s0 + h_group * v_s1 + offs_j[:, None] * v_s2 + offs_e[None, :] * v_s3, '
@@ -140,8 +140,8 @@ def _edit(src: str, variant: str) -> str:
         for loop, chunk0_only in EDGE_LOOPS.items():
             src = src.replace(loop, chunk0_only)
     if variant == "interleave":
-        return src.replace(FULL_LOOP, FULL_LOOP.replace(
-            "range(full_lo, full_hi, BLOCK_J)", "range(full_lo + pid_chunk * BLOCK_J, full_hi, tl.num_programs(2) * BLOCK_J)"))
+        strided = "range(full_lo + pid_chunk * BLOCK_J, full_hi, tl.num_programs(2) * BLOCK_J)"
+        return src.replace(FULL_LOOP, FULL_LOOP.replace("range(full_lo, full_hi, BLOCK_J)", strided))
     if variant == "dynamic":
         grab = f"tickets_ptr + {GRAB_OFFSET} + pid_grid * tl.num_programs(0) + pid_row"
         src = src.replace(FULL_LOOP, (
@@ -150,7 +150,8 @@ def _edit(src: str, variant: str) -> str:
             "        start = full_lo + blk * BLOCK_J\n        offs_j = start + tl.arange(0, BLOCK_J)\n"))
         last_loop = list(EDGE_LOOPS.values())[1]
         src = src.replace(last_loop, "        blk = nxt\n" + last_loop, 1)
-        return src.replace("            tl.store(ticket, 0)\n", f"            tl.store(ticket, 0)\n            tl.store({grab}, 0)\n")
+        reset = "            tl.store(ticket, 0)\n"
+        return src.replace(reset, f"{reset}            tl.store({grab}, 0)\n")
     if variant == "nocombine":
         return src.replace("if tl.atomic_add(ticket, 1) == tl.num_programs(2) - 1:", "if tl.atomic_add(ticket, 1) < 0:")
     if variant == "vearly":

@@ -118,9 +118,9 @@ def test_soft_cap_becomes_one_exp2_with_its_constants_folded():
 
 
 def test_logistic_function_becomes_logistic2_and_stays_right(tmp_path):
-    """1 / (1 + exp(-x)) (a sigmoid, as FlexAttention score_mods write it) is extracted as logistic2 of a scaled
-    x: no exp2 that may overflow is left, and the kernel matches float64, also where x is large enough that
-    exp(-x) overflows."""
+    """x / (1 + exp(-x)) (x times a sigmoid, as FlexAttention score_mods write it) is extracted as x times
+    logistic2 of a scaled x: no exp2 that may overflow is left, and the kernel matches float64, also where x is
+    large enough that exp(-x) overflows."""
     path = spec_variant(tmp_path, "softmax", {
         'spec = Spec("softmax")': 'spec = Spec("gated_sum")',
         "m = max(j, x[r, j])\np = exp(x[r, j] - m)\nspec.output(\"y\", f32, p / sum(j, p), r, j)":
