@@ -28,8 +28,11 @@ def _min(*xs):
 
 def is_zero(e: sp.Expr) -> bool:
     e = e.replace(sp.Max, _max).replace(sp.Min, _min)
+    if sp.simplify(e) == 0:
+        return True
     # hyperbolic functions written as exponentials, which simplify can cancel against exp and 2**x
-    return sp.simplify(e) == 0 or sp.simplify(e.rewrite(sp.exp)) == 0
+    as_exp = e.rewrite(sp.exp)
+    return as_exp != e and sp.simplify(as_exp) == 0
 
 
 def proves(lhs: sp.Expr, rhs: sp.Expr) -> bool:
