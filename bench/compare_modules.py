@@ -50,10 +50,10 @@ def main() -> None:
 def group_pairs(rows) -> dict:
     pairs = {}
     for r in rows:
-        if r["system"] in SIDES and r["status"] == "ok":
-            pairs.setdefault((r["op"], r["Skv"]), {})[r["system"]] = r["ms"]
-        elif r["system"] in SIDES:
-            pairs.setdefault((r["op"], r["Skv"]), {})
+        if r["system"] in SIDES:
+            pair = pairs.setdefault((r["op"], r["Skv"]), {})
+            if r["status"] == "ok":
+                pair[r["system"]] = r["ms"]
     return pairs
 
 

@@ -69,15 +69,19 @@ COMBINES = {   # --combines: how the last chunk program of a kv head combines th
 
 
 @triton.jit
+def _kv_block_sum(k_ptr, v_ptr, h, start, S, BLOCK_J: tl.constexpr, D: tl.constexpr):
+    """K and V of kv head h, keys start.. start + BLOCK_J, loaded once (read-once hint) and added in fp32."""
+    rows = h * S * D + (start + tl.arange(0, BLOCK_J))[:, None] * D + tl.arange(0, D)[None, :]
+    return (tl.load(k_ptr + rows, eviction_policy="evict_first").to(tl.float32)
+            + tl.load(v_ptr + rows, eviction_policy="evict_first").to(tl.float32))
+
+
+@triton.jit
 def read_chunks_kernel(k_ptr, v_ptr, out_ptr, S, CHUNK, BLOCK_J: tl.constexpr, D: tl.constexpr):
     h, c = tl.program_id(0), tl.program_id(1)
-    offs_d = tl.arange(0, D)
     total = tl.zeros([BLOCK_J, D], dtype=tl.float32)
     for start in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, S), BLOCK_J):
-        offs_j = start + tl.arange(0, BLOCK_J)
-        rows = h * S * D + offs_j[:, None] * D + offs_d[None, :]
-        total += tl.load(k_ptr + rows, eviction_policy="evict_first").to(tl.float32)
-        total += tl.load(v_ptr + rows, eviction_policy="evict_first").to(tl.float32)
+        total += _kv_block_sum(k_ptr, v_ptr, h, start, S, BLOCK_J, D)
     tl.store(out_ptr + h * tl.num_programs(1) + c, tl.sum(total))
 
 
@@ -87,25 +91,20 @@ def read_ordered_kernel(k_ptr, v_ptr, out_ptr, grab_ptr, S, BLOCK_J: tl.constexp
     """read_chunks with chunk c reading blocks c, c + chunks, ... (DYNAMIC 0) or taking the next block of its
     head from a counter (DYNAMIC 1; the last program of a head to finish zeroes the head's two counters)."""
     h, c, chunks = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
-    offs_d = tl.arange(0, D)
     n_blocks = S // BLOCK_J
     total = tl.zeros([BLOCK_J, D], dtype=tl.float32)
     if DYNAMIC:
         blk = tl.atomic_add(grab_ptr + h, 1)
         while blk < n_blocks:
             nxt = tl.atomic_add(grab_ptr + h, 1)   # in flight while this block loads
-            rows = h * S * D + (blk * BLOCK_J + tl.arange(0, BLOCK_J))[:, None] * D + offs_d[None, :]
-            total += tl.load(k_ptr + rows, eviction_policy="evict_first").to(tl.float32)
-            total += tl.load(v_ptr + rows, eviction_policy="evict_first").to(tl.float32)
+            total += _kv_block_sum(k_ptr, v_ptr, h, blk * BLOCK_J, S, BLOCK_J, D)
             blk = nxt
         if tl.atomic_add(grab_ptr + tl.num_programs(0) + h, 1) == chunks - 1:
             tl.store(grab_ptr + h, 0)
             tl.store(grab_ptr + tl.num_programs(0) + h, 0)
     else:
         for blk in range(c, n_blocks, chunks):
-            rows = h * S * D + (blk * BLOCK_J + tl.arange(0, BLOCK_J))[:, None] * D + offs_d[None, :]
-            total += tl.load(k_ptr + rows, eviction_policy="evict_first").to(tl.float32)
-            total += tl.load(v_ptr + rows, eviction_policy="evict_first").to(tl.float32)
+            total += _kv_block_sum(k_ptr, v_ptr, h, blk * BLOCK_J, S, BLOCK_J, D)
     tl.store(out_ptr + h * chunks + c, tl.sum(total))
 
 
