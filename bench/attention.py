@@ -34,6 +34,9 @@ except ImportError:  # --help still works; running says what is missing
     torch = None
 
 D, WINDOW, CAP, TOL = 128, 4096, 50.0, 2e-2
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16} if torch is not None else {}
+TOLS = {"fp16": TOL, "bf16": 5e-2}   # bf16 keeps 8 bits of mantissa to fp16's 11
+DTYPE = "fp16"   # the inputs' dtype of a run (--dtype)
 FULL_CHECK = 2 ** 27     # B*Hq*Sq*Skv up to which every (batch, head) is checked against float64
 SAMPLED = 4              # otherwise this many fixed random (batch, head) pairs, all their query rows
 REF_CHUNK = 2 ** 25      # float64 score elements per reference chunk (256 MiB)
@@ -145,10 +148,11 @@ def check_output(out, refs, shape):
         return None, f"returned {type(out).__name__}, not a tensor"
     if tuple(out.shape) != tuple(shape):
         return None, f"shape {tuple(out.shape)}, expected {tuple(shape)}"
-    if out.dtype != torch.float16:
-        return None, f"dtype {out.dtype}, expected torch.float16"
+    if out.dtype != DTYPES[DTYPE]:
+        return None, f"dtype {out.dtype}, expected {DTYPES[DTYPE]}"
     err = torch.stack([(out[b, h].double() - r).abs().max() for (b, h), r in refs.items()]).max().item()
-    return err, None if err <= TOL else f"max abs error {err:.3g} > {TOL}"   # NaN fails too
+    tol = TOLS[DTYPE]
+    return err, None if err <= tol else f"max abs error {err:.3g} > {tol}"   # NaN fails too
 
 
 # ---------------------------------------------------------------- metrics
@@ -334,9 +338,9 @@ def bench_shape(rows, op, B, S, systems, module=None, module_error=None, device=
     Sq = S if op.mode == "prefill" else 1
     torch._dynamo.reset()
     torch.manual_seed(0)
-    q = torch.randn(B, op.hq, Sq, D, device=device, dtype=torch.float16)
-    k = torch.randn(B, op.hkv, S, D, device=device, dtype=torch.float16)
-    v = torch.randn(B, op.hkv, S, D, device=device, dtype=torch.float16)
+    q = torch.randn(B, op.hq, Sq, D, device=device, dtype=DTYPES[DTYPE])
+    k = torch.randn(B, op.hkv, S, D, device=device, dtype=DTYPES[DTYPE])
+    v = torch.randn(B, op.hkv, S, D, device=device, dtype=DTYPES[DTYPE])
     case = Case(op, q, k, v, alibi_slopes(op.hq, device), device, module, module_error)
     targets = check_targets(B, op.hq, Sq, S)
     refs = reference(op, q, k, v, case.slopes, targets)
@@ -463,7 +467,7 @@ def run_all(args, device="cuda", timer=None, info=None):
     """The whole benchmark; writes the results after every shape, so a run cut short keeps what it measured."""
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    results = dict(device=info or {}, config=dict(D=D, window=WINDOW, cap=CAP, tol=TOL, full_check=FULL_CHECK,
+    results = dict(device=info or {}, config=dict(D=D, window=WINDOW, cap=CAP, tol=TOLS[DTYPE], dtype=DTYPE, full_check=FULL_CHECK,
                                                   sampled=SAMPLED, args={k: portable(v) for k, v in vars(args).items()}),
                    modules={}, skipped=[], errors=[], rows=[], summary={})
     for name in args.ops:
@@ -725,6 +729,8 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="short timing, smallest default shapes")
     p.add_argument("--rounds", type=int, default=1,
                    help="time each shape's systems this many times, in turns, and keep the medians (default 1)")
+    p.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16",
+                   help="dtype of q, k, v and the output (bf16 needs modules generated with --dtype bf16)")
     p.add_argument("--selfcheck", action="store_true", help="CPU checks of the reference and the accounting, then exit")
     p.add_argument("--merge", nargs="+", metavar="DIR", help="join earlier runs' results.json (one GPU) into --out, "
                    "for a suite split over several runs; measures nothing")
@@ -738,6 +744,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    global DTYPE
+    DTYPE = args.dtype
     if torch is None:
         sys.exit("bench/attention.py needs torch (not importable here)")
     if args.selfcheck:

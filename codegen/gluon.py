@@ -47,6 +47,7 @@ def gluonize(code: str) -> str:
 class GluonWriter(KernelWriter):
     """KernelWriter whose per-element work lives in the layouts of a warpgroup's product tiles: (row, loop)
     values in S, row vectors in S's rows, (row, col) values in O (the P V accumulator)."""
+    interpretable = False
 
     def __init__(self, sched: Schedule, name: str):
         super().__init__(sched, name)

@@ -61,6 +61,8 @@ def pow2(n: int) -> int:
 
 
 class KernelWriter:
+    interpretable = True   # the kernel may run under Triton's interpreter (a Gluon kernel never does)
+
     def __init__(self, sched: Schedule, name: str):
         self.s, self.spec, self.name = sched, sched.spec, name
         self.loop, self.row, self.col = sched.loop, sched.row, sched.col
@@ -76,6 +78,7 @@ class KernelWriter:
         self.row_order = False             # does the kernel take ROW_ORDER (see module.kernel_source)
         self.stream = False                # may loads along the loop axis be marked read-once (see load)
         self.streamed = False              # did any load take the STREAM switch
+        self.f32_dot = False               # does a matrix product take fp32 operands (precision F32_DOT)
         self.dims = sorted({t.attrs[0] for t in ir.walk(sched.term) if t.op == "dim"} |
                            {e.name for e in self._extents() if not isinstance(e, int)})
 
@@ -155,6 +158,8 @@ class KernelWriter:
             return Val(at[0], (), "int")
         if op == "const":
             v = at[0]
+            if math.isnan(v):
+                return Val("float('nan')", (), "f32")
             if math.isinf(v):
                 return Val(f"float('{'-' if v < 0 else ''}inf')", (), "f32")
             return Val(str(int(v)), (), "int") if v == int(v) and abs(v) < 2**31 else Val(repr(v), (), "f32")
@@ -212,6 +217,9 @@ class KernelWriter:
         parts = [f"{name}_ptr"]
         for pos, idx in enumerate(t.args):
             iv = self.emit(idx)
+            if iv.dtype not in ("int", "bool"):   # an index read from a tensor of floats (ids stored as floats)
+                iv = Val(self.put(blk, f"{iv.code}.to(tl.int32)") if iv.axes else f"({iv.code}).to(tl.int32)",
+                         iv.axes, "int")
             parts.append(f"{self.expand(iv, order)} * {name}_s{pos}" if iv.axes else f"{iv.code} * {name}_s{pos}")
         checks = []
         for a in order:
@@ -300,21 +308,25 @@ class KernelWriter:
                 return a, b, next(iter(fa)), next(iter(fb))
         return None
 
-    def dot_operands(self, body: Term, k: str, prev: bool, zero_invalid: bool):
+    def dot_operands(self, body: Term, k: str, prev: bool, zero_invalid: bool, blk: str | None = None):
         a, b, x, y = self.contraction(body, k)
         va, vb = self.ordered(a, (x, k), prev), self.ordered(b, (k, y), prev)
         if zero_invalid:
             va = Val(self.put(self.ctx.body, f"tl.where(valid_{k}[None, :], {va.code}, 0.0)"), va.axes, va.dtype)
         if va.dtype != vb.dtype or va.dtype not in ("f16", "bf16"):
             va, vb = self.as_float(va), self.as_float(vb)
-            return va, vb, x, y, ', input_precision="ieee"'
+            self.f32_dot = True
+            return va, vb, x, y, ", input_precision=F32_DOT"
+        if va.dtype == "bf16" and self.interpretable:
+            # Triton's interpreter multiplies bf16 tiles wrongly: there (only) they are multiplied as fp32
+            va, vb = (Val(self.put(blk or self.ctx.body, f"{v.code}.to(BF16_DOT)"), v.axes, v.dtype) for v in (va, vb))
         return va, vb, x, y, ""
 
     def inner_reduction(self, t: Term, prev: bool, blk: str) -> Val:
         reducer, k = t.attrs[:2]
         body = t.args[0]
         if reducer == "sum" and self.contraction(body, k):
-            va, vb, x, y, prec = self.dot_operands(body, k, prev, zero_invalid=False)
+            va, vb, x, y, prec = self.dot_operands(body, k, prev, zero_invalid=False, blk=blk)
             v = Val(self.put(blk, f"tl.dot({va.code}, {vb.code}{prec})"), (x, y), "f32")
             return self.reorder(v, blk)
         x = self.as_float(self.emit(body, prev))

@@ -46,7 +46,7 @@ def linear(t: Term) -> dict | None:
         return {("div", t.args[0].attrs[0], int(t.args[1].attrs[0])): 1}   # monotone in the axis
     if t.op == "const":
         v = t.attrs[0]
-        return {None: int(v)} if v == int(v) else None
+        return {None: int(v)} if math.isfinite(v) and v == int(v) else None
     if t.op == "un" and t.attrs[0] == "neg":
         a = linear(t.args[0])
         return None if a is None else {k: -c for k, c in a.items()}

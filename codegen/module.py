@@ -191,6 +191,7 @@ def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, c
     w.constexprs = [f"BLOCK_{a.upper()}" for a in (row, loop) if a] + (["USE_TMA"] if w.descriptors else [])
     w.constexprs += ["ROW_ORDER"] if w.row_order else []
     w.constexprs += ["STREAM"] if w.streamed else []
+    w.constexprs += ["F32_DOT"] if w.f32_dot else []
     if combine is not None:
         params += [p for p in combine.params if p not in params] + ["tickets_ptr"]
         w.constexprs += [f"COMBINE_{c}" for c in combine.constexprs] + ["COMBINE_IN_KERNEL"]
@@ -287,9 +288,14 @@ import torch
 import triton
 import triton.language as tl
 {gluon_imports}
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # read when the kernels are defined
+# Triton's interpreter multiplies bf16 tiles wrongly, so there bf16 matrix products take fp32 operands
+BF16_DOT = tl.constexpr(tl.float32 if _INTERPRETED else tl.bfloat16)
 NAME = {name!r}
 PLAN = {plan_one!r}
 # Tunables: block sizes, warps and pipeline stages (GPU), and the small blocks used under the interpreter.
+# F32_DOT (where a matrix product takes fp32 operands): "ieee" multiplies in full fp32, "tf32" on the tensor
+# cores in TF32 (10-bit mantissa operands, fp32 accumulation), faster and less exact.
 CONFIG = {gpu!r}
 INTERPRETER_CONFIG = {cpu!r}
 # Tunables measured best per GPU name and shape bucket (each size rounded up to a power of two); they replace
@@ -302,7 +308,6 @@ INPUTS = {inputs_table!r}
 
 
 {kernels}
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # read when the kernels were defined
 
 {runtime}
 
@@ -342,6 +347,12 @@ SPLIT_KEYS = ("CHUNKS", "COMBINE")   # config entries that are not kernel argume
 # the combine kernel reduces over few chunks and holds no matrix tile: small row blocks
 COMBINE_GPU = {"num_warps": 4, "num_stages": 1}
 COMBINE_CPU = {"num_warps": 1, "num_stages": 1}
+
+
+def _f32_dot_default(w: KernelWriter, gpu: dict, cpu: dict) -> None:
+    """Matrix products of fp32 operands multiply in full fp32 unless the config asks for TF32."""
+    if w.f32_dot:
+        gpu["F32_DOT"] = cpu["F32_DOT"] = "ieee"
 
 
 def _grid(w: KernelWriter, sched: Schedule, cfg: str) -> tuple[str, str]:
@@ -432,6 +443,7 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
     else:
         kernel, w = kernel_source(sched, name)
         kernels, dims_used = kernel, w.dims
+        _f32_dot_default(w, gpu, cpu)
         if w.descriptors:
             gpu["USE_TMA"] = cpu["USE_TMA"] = 1
         rows, rest = _grid(w, sched, "cfg")
@@ -495,6 +507,7 @@ def _split_parts(sched: Schedule, name: str, inputs: list[str], out_alloc: str, 
     cname = f"{name}_combine"
     tile_src, cw = kernel_source(comb.sched, cname, tile=True)
     part_src, w = kernel_source(sched, name, comb.partials, combine=cw)
+    _f32_dot_default(w, gpu, cpu)
     wrapper = (f"@triton.jit\ndef {cname}_kernel(\n    {', '.join(cw.params)},\n    "
                + ", ".join(f"{c}: tl.constexpr" for c in cw.constexprs) + ",\n):\n"
                + f"    {cname}_tile(tl.program_id(0), tl.program_id(1), {', '.join(cw.params + cw.constexprs)})\n")

@@ -121,14 +121,17 @@ def module_name(spec: Spec) -> str:
 
 def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, device: Device | None = None,
              limits: Limits | None = None, spec_file: str | None = None, out_file: str | None = None,
-             plan: str | None = None) -> Result:
+             plan: str | None = None, dtype: str | None = None) -> Result:
     """Compile a spec. Plans are ranked by the times measured on `device` (the tuning database, under its GPU
-    name) where there are any, else by the analytic cost; `plan` forces a family (PlanError if none)."""
+    name) where there are any, else by the analytic cost; `plan` forces a family (PlanError if none); `dtype`
+    retypes the spec's 16-bit inputs, casts and output (Spec.retyped)."""
     from .codegen.module import module_source
 
     if not isinstance(spec, Spec):
         spec_file = spec_file or str(spec)
         spec = load_spec(spec)
+    if dtype is not None:
+        spec = spec.retyped(dtype)
     sizes = {**spec.typical, **(sizes or {})}
     device = device or Device.detect()
     sat = saturate(spec.output_term, limits)

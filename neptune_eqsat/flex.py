@@ -31,7 +31,7 @@ from types import ModuleType
 
 import torch
 
-from . import ir, spec as S
+from . import bounds, ir, spec as S
 from .spec import Spec, SpecError
 
 if "triton" not in sys.modules and "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
@@ -65,7 +65,8 @@ class _Trace:
         if t.dim() != len(index):
             raise self.error(f"indexes captured tensor of shape {tuple(t.shape)} with {len(index)} indices")
         if name not in self.spec.inputs:   # its shape is part of the kernel (a new shape compiles a new one)
-            self.spec.input(name, DTYPES.get(t.dtype, "f32"), *(int(n) for n in t.shape))
+            self.spec.input(name, DTYPES.get(t.dtype, "f32"), *(int(n) for n in t.shape),
+                            source=f"the tensor of shape {tuple(t.shape)} that {self.fn_name} captures")
         tensor = self.spec.inputs[name]
         # `+ 0`: an index may be an axis whose extent is a run-time size; the tensor's extent is fixed
         terms = tuple(S._wrap(i.expr) + 0 if isinstance(i, Sym) else int(i) for i in index)
@@ -341,9 +342,9 @@ def compiled_module(key: str, spec: Spec, interpret: bool) -> ModuleType:
 # made while the model is traced (its name is a constant of the graph) and the operator is one opaque node.
 _CAPTURES: dict[str, list[torch.Tensor]] = {}
 _CALLABLES: dict[str, tuple] = {}   # plan -> (score_mod, mask_mod, scale, enable_gqa)
-_VARIANTS: dict[tuple, ModuleType] = {}   # (plan, problem, interpreted) -> module
+_VARIANTS: dict[tuple, _Compiled] = {}   # (plan, problem, interpreted) -> module and its index checks
 _PLAN_IDS = itertools.count()
-_BY_SHAPE: dict[tuple, ModuleType] = {}
+_BY_SHAPE: dict[tuple, _Compiled] = {}
 _TRACED: OrderedDict = OrderedDict()   # (callables' ids, problem) -> (weak refs to the callables, plan)
 
 
@@ -351,35 +352,81 @@ def run_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, captur
              plan: str) -> torch.Tensor:
     """Run a plan on real tensors: the problem (heads, head dims, decode or prefill) is read from them here,
     at run time, so a traced model may change any of them."""
-    mod = _module_for(plan, query, key, value)
+    compiled = _module_for(plan, query, key, value)
     if captures:
         captures = [(c if c.dtype in DTYPES else c.float()).to(query.device) for c in captures]
+    compiled.check_indices(query, key, captures)
     if query.device.type != "cpu":
-        return mod.forward(query, key, value, *captures)
+        return compiled.module.forward(query, key, value, *captures)
     _check_interpreter()
     with _triton_interpret(True):   # the interpreter reads the setting while it runs, too
-        return mod.forward(query, key, value, *captures)
+        return compiled.module.forward(query, key, value, *captures)
 
 
-def _module_for(plan: str, query, key, value) -> ModuleType:
+class _Compiled:
+    """A traced problem's module, with the checks that its reads of captured tensors stay inside them: those
+    whose index reads only positions are checked once per sequence lengths, those that read a captured
+    tensor's values (offsets[doc[q_idx]]) at every call."""
+
+    def __init__(self, module: ModuleType, spec: Spec):
+        self.module, self.spec = module, spec
+        self.checks = bounds.index_checks(spec, spec.output_term)
+        self.lengths_checked: set[tuple[int, int, int]] = set()
+
+    def check_indices(self, query, key, captures) -> None:
+        if not self.checks:
+            return
+        lengths = (query.shape[0], query.shape[2], key.shape[2])
+        first_time = lengths not in self.lengths_checked
+        due = [c for c in self.checks if first_time or c.reads_data]
+        if not due:
+            return
+        sizes = dict(zip(("B", "L", "S"), lengths))
+        tensors = {f"capture{k}": c for k, c in enumerate(captures)}
+        for check in due:
+            bad = bounds.out_of_range(self.spec, check, sizes, tensors)
+            if bad is not None:
+                lo, hi, n = bad
+                raise IndexError(f"{self.spec.inputs[check.tensor].source} is indexed out of range: index "
+                                 f"{_index_text(check.index)} in dimension {check.position} (size {n}) takes "
+                                 f"values {lo:g} to {hi:g} (query length {lengths[1]}, key length {lengths[2]})")
+        self.lengths_checked.add(lengths)
+
+
+_FLEX_NAMES = {"b": "b", "h": "h", "i": "q_idx", "j": "kv_idx"}
+
+
+def _index_text(t: ir.Term) -> str:
+    """An index in the callables' own names (q_idx, kv_idx), without the tracer's `+ 0`."""
+    def clean(x: ir.Term) -> ir.Term:
+        if x.op == "axis":
+            return ir.axis(_FLEX_NAMES.get(x.attrs[0], x.attrs[0]))
+        if x.op == "bin" and x.attrs[0] == "add" and x.args[1] == ir.const(0):
+            return clean(x.args[0])
+        return ir.Term(x.op, x.attrs, tuple(clean(a) for a in x.args)) if x.args else x
+    return ir.show(clean(t))
+
+
+def _module_for(plan: str, query, key, value) -> _Compiled:
     shapes = (plan, query.shape, key.shape, value.shape, query.dtype, query.device.type)
-    mod = _BY_SHAPE.get(shapes)   # the common case: the same call again, validated before
-    if mod is None:
-        mod = _BY_SHAPE[shapes] = _resolve(plan, query, key, value)
+    compiled = _BY_SHAPE.get(shapes)   # the common case: the same call again, validated before
+    if compiled is None:
+        compiled = _BY_SHAPE[shapes] = _resolve(plan, query, key, value)
         if len(_BY_SHAPE) > 4096:
             _BY_SHAPE.clear()
-    return mod
+    return compiled
 
 
-def _resolve(plan: str, query, key, value) -> ModuleType:
+def _resolve(plan: str, query, key, value) -> _Compiled:
     score_mod, mask_mod, scale, enable_gqa = _CALLABLES[plan]
     problem = _problem(query, key, value, scale, enable_gqa)
     variant = (plan, problem, query.device.type == "cpu")
-    mod = _VARIANTS.get(variant)
-    if mod is None:
+    compiled = _VARIANTS.get(variant)
+    if compiled is None:
         spec = trace(score_mod, mask_mod, problem)[0]
-        mod = _VARIANTS[variant] = compiled_module(plan_key(spec, problem), spec, interpret=variant[2])
-    return mod
+        module = compiled_module(plan_key(spec, problem), spec, interpret=variant[2])
+        compiled = _VARIANTS[variant] = _Compiled(module, spec)
+    return compiled
 
 
 attention_op = torch.library.custom_op("neptune_eqsat::flex_attention", run_plan, mutates_args=())
@@ -388,6 +435,70 @@ attention_op = torch.library.custom_op("neptune_eqsat::flex_attention", run_plan
 @attention_op.register_fake
 def _(query, key, value, captures, plan):
     return query.new_empty(*query.shape[:3], value.shape[-1])
+
+
+_VALUES = (int, float, bool, complex, str, bytes, type(None))
+_OPAQUE = (ModuleType, type, torch.dtype, torch.device)
+
+
+def reads(fn) -> tuple:
+    """What a callable reads besides its arguments and could change between calls: Python numbers and strings
+    by value, tensors by identity, found in its closure, the globals and attributes it names, its defaults, and
+    the same of the functions it reaches through them (helpers, and_masks' list of masks). The trace bakes
+    numbers into the kernel and binds tensors as inputs, so a call whose reads differ is traced again."""
+    out: list = []
+    _reads_of(fn, out, set(), frozenset(), 0)
+    return tuple(out)
+
+
+def _code_names(code) -> frozenset:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if hasattr(c, "co_names"):   # a nested function or lambda: what it names is read when it runs
+            names |= _code_names(c)
+    return frozenset(names)
+
+
+def _reads_of(v, out: list, seen: set, names: frozenset, depth: int) -> None:
+    if isinstance(v, _VALUES):
+        out.append(repr(v))
+        return
+    if isinstance(v, torch.Tensor):
+        out.append(("tensor", id(v)))
+        return
+    if depth > 6 or id(v) in seen or isinstance(v, _OPAQUE):
+        return
+    seen.add(id(v))
+    if isinstance(v, functools.partial):
+        parts = [v.func, *v.args, *v.keywords.values()]
+    elif isinstance(v, (list, tuple, set, frozenset)):
+        parts = list(v)[:64]
+    elif isinstance(v, dict):
+        parts = list(v.values())[:64]
+    elif hasattr(v, "__func__") and hasattr(v, "__self__"):   # a bound method
+        parts = [v.__func__, v.__self__]
+    elif hasattr(v, "__code__") and hasattr(v, "__globals__"):   # a Python function
+        names = _code_names(v.__code__)
+        cells = [c.cell_contents for c in v.__closure__ or () if _filled(c)]
+        parts = cells + [v.__globals__[n] for n in sorted(names) if n in v.__globals__]
+        parts += list(v.__defaults__ or ()) + list((v.__kwdefaults__ or {}).values())
+    elif callable(v) and not hasattr(v, "__dict__"):   # a builtin
+        return
+    else:   # an object: the attributes of it that the code names (self.scale, cfg.window)
+        parts = [getattr(v, n) for n in sorted(names) if n in getattr(v, "__dict__", {})]
+        call = getattr(type(v), "__call__", None)
+        if call is not None and hasattr(call, "__code__"):
+            parts.append(call)
+    for p in parts:
+        _reads_of(p, out, seen, names, depth + 1)
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:   # a cell not yet assigned
+        return False
+    return True
 
 
 def _ref(fn):
@@ -406,7 +517,7 @@ def _plan(score_mod, mask_mod, scale, enable_gqa) -> str:
     """The plan's name for these callables. Under torch.compile this runs while the model is traced and its
     result is a constant, so it takes no shapes (they may be dynamic there); it traces the callables once to
     find the tensors they capture."""
-    memo = (id(score_mod), id(mask_mod), scale, enable_gqa)
+    memo = (id(score_mod), id(mask_mod), scale, enable_gqa, reads(score_mod), reads(mask_mod))
     hit = _TRACED.get(memo)
     if hit is not None and hit[0][0]() is score_mod and hit[0][1]() is mask_mod:
         _TRACED.move_to_end(memo)

@@ -149,6 +149,8 @@ def show(t: Term) -> str:
         return at[0]
     if op == "const":
         v = at[0]
+        if math.isnan(v):
+            return "nan"
         if math.isinf(v):
             return "inf" if v > 0 else "-inf"
         return repr(int(v)) if v == int(v) and abs(v) < 1e9 else repr(v)

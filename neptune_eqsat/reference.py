@@ -65,10 +65,17 @@ _BIN = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, 
 
 
 class Evaluator:
-    def __init__(self, spec: Spec, inputs: dict[str, torch.Tensor]):
+    """Values of a spec's terms over all values of their free axes. `sizes` (run-time dims) are read from the
+    inputs unless given, in which case `inputs` need only hold the tensors the evaluated terms read; `ranges`
+    limits axes to a slice [start, stop) of their extent; `device` is where the arithmetic runs."""
+
+    def __init__(self, spec: Spec, inputs: dict[str, torch.Tensor], sizes: dict[str, int] | None = None,
+                 device: str | torch.device = "cpu", ranges: dict[str, tuple[int, int]] | None = None):
         self.spec = spec
-        self.sizes = bind_sizes(spec, inputs)
-        self.inputs = {k: v.detach().to("cpu", torch.float64) for k, v in inputs.items()}
+        self.sizes = bind_sizes(spec, inputs) if sizes is None else sizes
+        self.device = device
+        self.inputs = {k: v.detach().to(device, torch.float64) for k, v in inputs.items()}
+        self.ranges = ranges or {}
         self.memo: dict[Term, Value] = {}
 
     def extent(self, ax: str) -> int:
@@ -83,11 +90,12 @@ class Evaluator:
     def _eval(self, t: Term) -> Value:
         op, at, ar = t.op, t.attrs, t.args
         if op == "axis":
-            return torch.arange(self.extent(at[0]), dtype=torch.float64), (at[0],)
+            start, stop = self.ranges.get(at[0], (0, self.extent(at[0])))
+            return torch.arange(start, stop, dtype=torch.float64, device=self.device), (at[0],)
         if op == "dim":
-            return torch.tensor(float(self.sizes[at[0]]), dtype=torch.float64), ()
+            return torch.tensor(float(self.sizes[at[0]]), dtype=torch.float64, device=self.device), ()
         if op == "const":
-            return torch.tensor(at[0], dtype=torch.float64), ()
+            return torch.tensor(at[0], dtype=torch.float64, device=self.device), ()
         if op == "load":
             idx = [self(a) for a in ar]
             axes = _union(*idx)
@@ -127,7 +135,8 @@ class Evaluator:
     def _reduce_dense(self, reducer: str, ax: str, body: Term) -> Value:
         data, axes = self(body)
         if ax not in axes:
-            n = self.extent(ax)
+            start, stop = self.ranges.get(ax, (0, self.extent(ax)))
+            n = stop - start
             return (data * n if reducer == "sum" else data), axes
         dim = axes.index(ax)
         rest = axes[:dim] + axes[dim + 1:]

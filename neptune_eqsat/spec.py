@@ -16,7 +16,7 @@ import builtins
 import math
 import runpy
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import ir
@@ -133,8 +133,10 @@ def _wrap(x) -> Expr:
 class Tensor:
     """An input tensor; indexing it reads one element."""
 
-    def __init__(self, spec: Spec, name: str, dtype: str, shape: tuple[Extent, ...], positive: bool):
+    def __init__(self, spec: Spec, name: str, dtype: str, shape: tuple[Extent, ...], positive: bool,
+                 source: str = ""):
         self.spec, self.name, self.dtype, self.shape, self.positive = spec, name, dtype, shape, positive
+        self.source = source or f"input {name}"   # what the tensor is, for messages
 
     def __getitem__(self, idx) -> Expr:
         idx = idx if isinstance(idx, tuple) else (idx,)
@@ -187,13 +189,13 @@ class Spec:
             out.append(Axis(n, ext))
         return out[0] if len(out) == 1 else out
 
-    def input(self, name: str, dtype: str, *shape: Extent, positive: bool = False) -> Tensor:
+    def input(self, name: str, dtype: str, *shape: Extent, positive: bool = False, source: str = "") -> Tensor:
         if dtype not in ir.DTYPES:
             raise _fail(f"input {name}: unknown dtype {dtype!r} (one of {', '.join(ir.DTYPES)})")
         for s in shape:
             if not isinstance(s, (int, Dim)) or isinstance(s, bool):
                 raise _fail(f"input {name}: shape entries must be ints or Dims, got {s!r}")
-        t = Tensor(self, name, dtype, tuple(shape), positive)
+        t = Tensor(self, name, dtype, tuple(shape), positive, source)
         self.inputs[name] = t
         return t
 
@@ -230,13 +232,32 @@ class Spec:
             ext = self.axes_[t.attrs[0]]
             return ext - 1 if isinstance(ext, int) else None
         if t.op == "const":
-            return int(t.attrs[0])
+            return int(t.attrs[0]) if math.isfinite(t.attrs[0]) else None
         if t.op == "bin" and t.attrs[0] in ("add", "mul", "floordiv"):
             a, b = (self.max_value(x) for x in t.args)
             if a is None or b is None:
                 return None
             return {"add": a + b, "mul": a * b, "floordiv": a // builtins.max(b, 1)}[t.attrs[0]]
         return None
+
+    def retyped(self, dtype: str) -> Spec:
+        """The same computation with its 16-bit floating-point inputs, casts and output in `dtype` (bf16 for
+        an fp16 spec, say); inputs of other dtypes (fp32 slopes, integer ids) keep theirs."""
+        if dtype not in ir.DTYPES:
+            raise SpecError(f"unknown dtype {dtype!r} (one of {', '.join(ir.DTYPES)})")
+        if self.output_term is None:
+            raise SpecError(f"spec {self.name}: no output to retype")
+        sixteen = ("f16", "bf16")
+
+        def new(old: str) -> str:
+            return dtype if old in sixteen else old
+        casts = {t: Term("cast", (new(t.attrs[0]),), t.args, t.origin) for t in ir.walk(self.output_term)
+                 if t.op == "cast"}
+        out = replace(self, inputs={}, derived=dict(self.derived), output_dtype=new(self.output_dtype or ""),
+                      output_term=_substitute_bottom_up(self.output_term, casts))
+        for n, t in self.inputs.items():
+            out.inputs[n] = Tensor(out, n, new(t.dtype), t.shape, t.positive, t.source)
+        return out
 
     def extent(self, ax: str) -> Extent:
         return self.axes_[ax]
@@ -249,6 +270,18 @@ class Spec:
                 ax = t.attrs[1]
                 if ax not in t.args[0].free:
                     raise _fail(f"{t.attrs[0]} over {ax}: the reduced value does not depend on {ax}", t.origin)
+
+
+def _substitute_bottom_up(t: Term, rename: dict[Term, Term]) -> Term:
+    """t with each sub-term in `rename` replaced, children first (a renamed term may hold renamed ones)."""
+    memo: dict[Term, Term] = {}
+
+    def go(x: Term) -> Term:
+        if x not in memo:
+            y = Term(x.op, x.attrs, tuple(go(a) for a in x.args), x.origin) if x.args else x
+            memo[x] = Term(y.op, rename[x].attrs, y.args, y.origin) if x in rename else y
+        return memo[x]
+    return go(t)
 
 
 def _un(fn: str, x) -> Expr:
@@ -264,8 +297,39 @@ def sqrt(x): return _un("sqrt", x)
 def abs(x): return _un("abs", x)  # noqa: A001
 
 
+_FLIPPED = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
+_INDEX_ARITHMETIC = ("add", "sub", "mul", "floordiv", "mod")
+
+
+def _is_index(t: Term) -> bool:
+    """Integer arithmetic of axes, dims and constants (no loaded value, so no NaN)."""
+    return all(x.op in ("axis", "dim", "const") or (x.op == "bin" and x.attrs[0] in _INDEX_ARITHMETIC)
+               or (x.op == "un" and x.attrs[0] == "neg") for x in ir.walk(t))
+
+
+def _negate(c: Term) -> Term:
+    """not c; a comparison of indices flips instead (never NaN, so not(a > b) is a <= b), which keeps it a
+    linear bound that loops can be clipped to."""
+    if c.op == "bin" and c.attrs[0] in _FLIPPED and all(_is_index(x) for x in c.args):
+        return Term("bin", (_FLIPPED[c.attrs[0]],), c.args, c.origin)
+    if c.op == "un" and c.attrs[0] == "not":
+        return c.args[0]
+    return Term("un", ("not",), (c,), c.origin)
+
+
+def _is_index_condition(c: Term) -> bool:
+    """A condition on indices only (a mask), built from comparisons and logic of index arithmetic."""
+    return all(_is_index(x) or (x.op == "bin" and x.attrs[0] in ir.COMPARE + ir.LOGIC)
+               or (x.op == "un" and x.attrs[0] == "not") for x in ir.walk(c))
+
+
 def where(cond, a, b) -> Expr:
-    return Expr(Term("where", (), (_wrap(cond).term, _wrap(a).term, _wrap(b).term), _origin()))
+    """cond ? a : b. A mask written with the constant first (where(j > i, -inf, s)) is stored as where(j <= i,
+    s, -inf): the kept value first and the constant it is replaced by second, the one form of a mask."""
+    c, x, y = _wrap(cond).term, _wrap(a).term, _wrap(b).term
+    if x.op == "const" and y.op != "const" and _is_index_condition(c):
+        c, x, y = _negate(c), y, x
+    return Expr(Term("where", (), (c, x, y), _origin()))
 
 
 def cast(x, dtype: str) -> Expr:

@@ -3,10 +3,10 @@
 Each rule is proved by sympy before it joins the ruleset (casts only round, so they are the identity here).
 """
 import sympy as sp
-from egglog import f64, rule, union, var
+from egglog import String, f64, rule, union, var
 
 from neptune_eqsat.eterm import ETerm
-from neptune_eqsat.proof import proves
+from neptune_eqsat.proof import SymOps, proves
 from neptune_eqsat.rulebook import Rule, identity, make_ruleset
 
 F = "algebra"
@@ -28,10 +28,24 @@ RULES = [
              lambda o, a, b, c: o.bin("mul", o.bin("mul", a, c), b), 3),
     identity("mul-commute", F, "a * b = b * a",
              lambda o, a, b: o.bin("mul", a, b), lambda o, a, b: o.bin("mul", b, a), 2),
-    identity("cast-of-product", F, "cast(a * b) = cast(a) * b (a cast only rounds)",
-             lambda o, a, b: o.cast("f16", o.bin("mul", a, b)),
-             lambda o, a, b: o.bin("mul", o.cast("f16", a), b), 2),
 ]
+
+
+def _cast_of_product() -> list:
+    """For every dtype: the rounding moves to one factor, so the other may leave the reduction."""
+    a, b, m, dtype = var("a", ETerm), var("b", ETerm), var("matched", ETerm), var("dtype", String)
+    return [rule(m == ETerm.cast(dtype, ETerm.bin("mul", a, b)), name="cast-of-product")
+            .then(union(m).with_(ETerm.bin("mul", ETerm.cast(dtype, a), b)))]
+
+
+def _cast_of_product_obligation() -> tuple[str, bool]:
+    a, b = sp.symbols("a b", real=True)
+    o = SymOps()   # a cast of any dtype is the identity on the reals
+    return "cast(a * b) = cast(a) * b (any dtype; a cast only rounds)", proves(o.cast("any", a * b), o.cast("any", a) * b)
+
+
+RULES.append(Rule("cast-of-product", F, "cast(a * b) = cast(a) * b for a cast to any dtype (a cast only rounds)",
+                  _cast_of_product, _cast_of_product_obligation))
 
 
 def _guarded_exp() -> list:

@@ -237,3 +237,89 @@ def test_each_traced_problem_has_its_own_spec_name():
     wider, _ = trace(None, None, Problem("f16", 4, 2, 16, 16, 0.25))
     assert plain.name == again.name
     assert len({plain.name, doubled.name, wider.name}) == 3 and plain.name.startswith("flex_")
+
+
+# ---- what a callable reads at call time, and reads of captured tensors that must stay inside them --------------
+SCALE_FACTOR = 2.0
+
+
+def test_python_numbers_are_read_at_call_time():
+    """A number in a closure or a global is re-read at every call, as FlexAttention does."""
+    global SCALE_FACTOR
+    q, k, v = inputs(1, 2, 2, 11, 11, 16, seed=21)
+    factor = 2.0
+
+    def in_closure(s, b, h, qi, ki):
+        return s * factor
+
+    def in_global(s, b, h, qi, ki):
+        return s * SCALE_FACTOR
+
+    for score_mod in (in_closure, in_global):
+        factor = SCALE_FACTOR = 2.0
+        first = check(q, k, v, score_mod)
+        factor = SCALE_FACTOR = 0.25
+        second = check(q, k, v, score_mod)   # compared with the reference at 0.25
+        assert not torch.equal(first, second)
+
+
+def test_a_rebound_captured_tensor_is_read():
+    q, k, v = inputs(1, 2, 2, 10, 10, 16, seed=22)
+    bias = torch.zeros(10)
+
+    def biased(s, b, h, qi, ki):
+        return s + bias[ki]
+
+    check(q, k, v, biased)
+    bias = torch.linspace(-2, 2, 10)
+    check(q, k, v, biased)
+
+
+@pytest.mark.parametrize("bad_index, message", [
+    (lambda short, qi, ki: short[ki], r"shape \(10,\) that .*short_read.* index kv_idx .* values 0 to 39"),
+    (lambda short, qi, ki: short[qi - ki + 5], r"index \(\(q_idx - kv_idx\) \+ 5\) .* values -34 to 44"),
+])
+def test_reads_past_a_captured_tensor_raise_index_error(bad_index, message):
+    q, k, v = inputs(1, 2, 2, 40, 40, 16, seed=23)
+    short = torch.randn(10)
+
+    def short_read(s, b, h, qi, ki):
+        return s + bad_index(short, qi, ki)
+
+    with pytest.raises(IndexError, match=message):
+        flex_attention(q, k, v, score_mod=short_read)
+
+
+def test_indexes_read_from_captured_tensors_are_checked_at_every_call():
+    """offsets[doc[q_idx]]: the inner read's values decide the outer index, so new values are checked again."""
+    q, k, v = inputs(1, 2, 2, 20, 20, 16, seed=24)
+    doc = torch.tensor([0] * 7 + [1] * 13)
+    offsets = torch.tensor([0, 7])
+
+    def same_document_from_its_start(b, h, qi, ki):
+        return (doc[qi] == doc[ki]) & (ki >= offsets[doc[qi]]) & (qi >= ki)
+
+    check(q, k, v, None, same_document_from_its_start)
+    doc[15:] = 2   # a document id past the end of offsets
+    with pytest.raises(IndexError, match=r"shape \(2,\) .* values 0 to 2 "):
+        flex_attention(q, k, v, mask_mod=same_document_from_its_start)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_bf16_and_fp32_through_the_api(dtype):
+    """Rows that keep no key give 0 in every dtype; the output keeps the inputs' dtype."""
+    q, k, v = (x.to(dtype) for x in inputs(1, 4, 2, 19, 23, 16, seed=25))
+
+    def every_third_row_empty(b, h, qi, ki):
+        return (qi % 3 != 0) & (ki <= qi)
+
+    def reverse_causal(s, b, h, qi, ki):
+        return torch.where(ki > qi, float("-inf"), s)
+
+    for score_mod, mask_mod in ((None, every_third_row_empty), (reverse_causal, None)):
+        out = flex_attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, enable_gqa=True)
+        ref = reference(q, k, v, score_mod, mask_mod)
+        assert out.dtype == dtype and not torch.isnan(out).any()
+        assert (out.double() - ref).abs().max().item() <= (5e-2 if dtype == torch.bfloat16 else 2e-4)
+        if mask_mod is not None:
+            assert torch.all(out[:, :, ::3] == 0)
