@@ -552,11 +552,11 @@ def markdown(results):
     rows = results["rows"]
     systems = [s for s in SYSTEMS if any(r["system"] == s for r in rows)]
     by_shape = groups(rows)
-    dev = results["device"]
+    dev, config = results["device"], results.get("config", {})
     lines = [f"# Attention benchmark: {dev.get('device', '?')} (torch {dev.get('torch', '?')}, "
              f"triton {dev.get('triton', '?')})", "",
-             f"fp16, D = {D}; median of triton.testing.do_bench; outputs checked against float64 "
-             f"(max abs error <= {TOL}). best compiler = max(flex, inductor). WRONG = output off, not timed; "
+             f"{config.get('dtype', 'fp16')}, D = {D}; median of triton.testing.do_bench; outputs checked against "
+             f"float64 (max abs error <= {config.get('tol', TOL)}). best compiler = max(flex, inductor). WRONG = output off, not timed; "
              "FAIL = see below; — = not expressible.", ""]
     for mode in ("prefill", "decode"):
         keys = [key for key in by_shape if key[0] == mode]

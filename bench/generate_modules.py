@@ -2,6 +2,7 @@
 under bench/results/ baked into their tables: the modules the latest figures were measured with.
 
     python bench/generate_modules.py [--ops global_pf,...] [--tuning h100-tuning-gluon,...] [--out bench/generated]
+                                     [--dtype bf16]
 
 The databases are joined in the order given (a later one's entry for the same spec, shape bucket, GPU and
 Triton version replaces an earlier one's) into a temporary file that `neptune-eqsat optimize` reads through
@@ -34,6 +35,7 @@ def main() -> None:
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--tuning", default=",".join(TUNING), help="folders of bench/results/ holding a tuning.json")
     ap.add_argument("--out", default=str(HERE / "generated"))
+    ap.add_argument("--dtype", default=None, help="compile the specs in this dtype (bf16, f32) instead of fp16")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -44,8 +46,9 @@ def main() -> None:
         for op in args.ops.split(","):
             # relative paths: the module's header names the command that made it
             spec, module = (os.path.relpath(p) for p in (HERE.parent / "specs" / f"{op}.py", out / f"{op}.py"))
-            subprocess.run([sys.executable, "-m", "neptune_eqsat.cli", "optimize", spec, "-o", module], env=env,
-                           check=True)
+            dtype = ["--dtype", args.dtype] if args.dtype else []
+            subprocess.run([sys.executable, "-m", "neptune_eqsat.cli", "optimize", spec, "-o", module, *dtype],
+                           env=env, check=True)
 
 
 if __name__ == "__main__":
