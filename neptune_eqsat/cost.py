@@ -10,8 +10,10 @@ measured by `neptune-eqsat calibrate`, or nominal) or from the nominal presets.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from . import ir, profiles
 from .ir import Term
@@ -43,7 +45,10 @@ class Device:
     @staticmethod
     def detect() -> "Device":
         """The GPU here, priced by its profile when one exists, else by nominal numbers with its SM count;
-        without a GPU, the h100 preset."""
+        without a GPU, the h100 preset. Without an NVIDIA driver there is no GPU to ask torch about (importing
+        torch would take longer than the rest of a compile)."""
+        if "torch" not in sys.modules and not any(Path(p).exists() for p in ("/proc/driver/nvidia", "/dev/nvidiactl")):
+            return PRESETS["h100"]
         try:
             import torch
             gpu = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None

@@ -97,10 +97,10 @@ class Mirror:
         return go(t)
 
     def from_egg(self, e) -> Term:
-        memo: dict[str, Term] = {}
+        memo: dict = {}
 
         def go(x) -> Term:
-            key = str(x)
+            key = x.__egg_typed_expr__   # structural, unlike str(x), which pretty-prints the whole term
             if key in memo:
                 return memo[key]
             name = str(get_callable_fn(x)).split(".")[-1]

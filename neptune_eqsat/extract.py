@@ -59,12 +59,29 @@ class Candidate:
         return self.cost.seconds * (LAYOUT_MARGIN if "+packed" in self.family else 1.0)
 
 
-def _axes(eg: EGraph, table, expr) -> set[str]:
-    v = eg.lookup_function_value(table(expr))
-    return {x.value for x in v.value} if v is not None else set()
+class Analyses:
+    """The analyses of a saturated e-graph read by the cost model, looked up once per e-class: a cost model
+    runs for every e-node of every extraction, and each lookup crosses into egglog."""
+
+    def __init__(self, eg: EGraph):
+        self.eg = eg
+        self.memo: dict[tuple, object] = {}
+
+    def axes(self, table, expr) -> set[str]:
+        key = (table, expr.__egg_typed_expr__)   # a plain value: an e-graph term's == builds an equation
+        if key not in self.memo:
+            v = self.eg.lookup_function_value(table(expr))
+            self.memo[key] = {x.value for x in v.value} if v is not None else set()
+        return self.memo[key]
+
+    def nonpositive(self, expr) -> bool:
+        key = (nonpositive, expr.__egg_typed_expr__)
+        if key not in self.memo:
+            self.memo[key] = self.eg.lookup_function_value(nonpositive(expr)) is not None
+        return self.memo[key]
 
 
-def node_cost(family: str, weight, load_axes, long_axes: set[str]):
+def node_cost(family: str, weight, load_axes, long_axes: set[str], known: Analyses):
     """The per-node cost for one plan family, compared in order: (banned forms, exps that may overflow,
     reductions that must wait for another over their axis, work). Every node adds work >= 1, so a node
     always costs more than each child (monotone, which extraction over cycles needs); separate counts keep
@@ -82,14 +99,14 @@ def node_cost(family: str, weight, load_axes, long_axes: set[str]):
             own = 2.0 * weight(load_axes(*(get_literal_value(a) for a in args)))
         else:
             terms = [a for a in args if isinstance(a, ETerm)]
-            axes = set().union(*(_axes(eg, free, a) for a in terms))
+            axes = set().union(*(known.axes(free, a) for a in terms))
             if name in ("red", "roll", "split"):
                 axes.discard(get_literal_value(args[1]))
             own = weight(axes)
             if name in ("un", "bin"):
                 fn = get_literal_value(args[0])
                 own *= OP_WORK.get(fn, 1.0)
-                risks = int(fn in ("exp", "exp2") and eg.lookup_function_value(nonpositive(args[1])) is None)
+                risks = int(fn in ("exp", "exp2") and not known.nonpositive(args[1]))
             elif name in ("red", "roll", "split"):
                 ax = get_literal_value(args[1])
                 own *= weight({ax})
@@ -98,7 +115,7 @@ def node_cost(family: str, weight, load_axes, long_axes: set[str]):
                     banned = int((name == "split") != (ax in long_axes))
                 else:
                     banned = int(name == "split" or (name == "roll" and family == "unfused"))
-                waits = int(name == "red" and family == "rolled" and ax in _axes(eg, deps, body))
+                waits = int(name == "red" and family == "rolled" and ax in known.axes(deps, body))
             elif name == "cast":
                 own *= 0.5
         parts = [(banned, risks, waits, own)] + [k for k in kids if isinstance(k, tuple)]
@@ -119,9 +136,10 @@ def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device,
     out: list[Candidate] = []
     seen: set[Term] = set()
     long_axes = {a for a, e in spec.axes_.items() if not isinstance(e, int) or e > TILE_LIMIT}
+    known = Analyses(sat.egraph)
     for family in ("rolled", "unfused", "split"):
         cost = node_cost(family, weight, lambda t, key: set().union(*(i.free for i in sat.mirror.loads[(t, key)])),
-                         long_axes)
+                         long_axes, known)
         best, c = sat.egraph.extract(sat.root, include_cost=True, cost_model=cost)
         if c[0]:   # only banned forms exist
             continue

@@ -11,6 +11,8 @@ from functools import lru_cache
 
 import sympy as sp
 
+from . import verdicts
+
 
 def _max(*xs):
     out = xs[0]
@@ -27,6 +29,11 @@ def _min(*xs):
 
 
 def is_zero(e: sp.Expr) -> bool:
+    """Does sympy prove e = 0? The verdict is kept on disk (verdicts.py), keyed by e written out in full."""
+    return verdicts.recall("is_zero", sp.srepr(e), lambda: _is_zero(e))
+
+
+def _is_zero(e: sp.Expr) -> bool:
     e = e.replace(sp.Max, _max).replace(sp.Min, _min)
     if sp.simplify(e) == 0:
         return True
@@ -37,6 +44,11 @@ def is_zero(e: sp.Expr) -> bool:
 
 def proves(lhs: sp.Expr, rhs: sp.Expr) -> bool:
     return is_zero(lhs - rhs)
+
+
+def simplifies_to(e: sp.Expr, value: sp.Expr) -> bool:
+    """Does e simplify to exactly `value` (which may be infinite, where e - value says nothing)?"""
+    return verdicts.recall("simplifies_to", f"{sp.srepr(e)}|{sp.srepr(value)}", lambda: bool(sp.simplify(e) == value))
 
 
 class SymOps:
@@ -81,6 +93,17 @@ T, R, RP = sp.symbols("t r r'", real=True)
 
 @lru_cache(maxsize=None)
 def derive_repair(reducer: str, combine: str) -> Repair:
+    """The repair of a rolling update (see _derive_repair), kept on disk between runs (verdicts.py)."""
+    fields = verdicts.recall("repair", f"{reducer}|{combine}", lambda: _repair_fields(_derive_repair(reducer, combine)))
+    return Repair(**{k: (sp.sympify(v) if k in ("factor", "h_expr") and v is not None else v)
+                     for k, v in fields.items()})
+
+
+def _repair_fields(rep: Repair) -> dict:
+    return {k: (sp.srepr(v) if k in ("factor", "h_expr") and v is not None else v) for k, v in vars(rep).items()}
+
+
+def _derive_repair(reducer: str, combine: str) -> Repair:
     """Neptune's construction: for out = f(out, g(u, x)) with g separable as combine(u, x), solve
     combine(a, r) = t for a, set h(t, r, r') = combine(a, r'), and prove h(f(y1, y2)) = f(h(y1), h(y2))
     together with h(identity) = identity (so skipped or empty prefixes stay empty)."""

@@ -5,6 +5,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 import tempfile  # noqa: E402
 
 os.environ["NEPTUNE_EQSAT_CACHE"] = tempfile.mkdtemp(prefix="neptune_eqsat_cache_")   # flex_attention's kernels
+os.environ["NEPTUNE_EQSAT_PROOF_CACHE"] = tempfile.mkdtemp(prefix="neptune_eqsat_proofs_")   # proved afresh
 os.environ["NEPTUNE_EQSAT_TUNING_DB"] = os.path.join(tempfile.mkdtemp(prefix="neptune_eqsat_tuning_"), "db.json")
 
 import functools  # noqa: E402
