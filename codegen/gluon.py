@@ -28,7 +28,7 @@ from neptune_eqsat import ir
 from neptune_eqsat.ir import Term
 from neptune_eqsat.schedule import Schedule
 
-from .kernel import IDENTITY_CODE, Context, KernelWriter, Val
+from .kernel import IDENTITY_CODE, Context, KernelWriter, Val, grid_sizes, jit_decorator
 
 ROWS = 64                  # rows per consumer warpgroup: one m64 warpgroup product per block
 CONSUMERS = 2
@@ -380,7 +380,7 @@ def gluon_source(sched: Schedule, name: str) -> tuple[str, GluonWriter]:
     src = (f"@gluon.jit\ndef {name}_producer({sig}):\n" + textwrap.indent("\n".join(producer), "    ") +
            f"\n\n\n@gluon.jit\ndef {name}_consumer({sig}, ME: gl.constexpr):\n"
            + textwrap.indent("\n".join(consumer), "    ") +
-           f"\n\n\n@gluon.jit\ndef {name}_gluon_kernel({top_sig}):\n" + textwrap.indent("\n".join(kernel), "    ")
+           f"\n\n\n{jit_decorator('gluon', grid_sizes(w, params))}\ndef {name}_gluon_kernel({top_sig}):\n" + textwrap.indent("\n".join(kernel), "    ")
            + "\n")
     w.params, w.constexprs = params, consts
     w.out_block = ["1"] * (len(out_coords) - 2) + [str(ROWS), w.ext(col)]

@@ -56,6 +56,20 @@ class Context:
     acc: Val | None = None
 
 
+def jit_decorator(module: str, sizes: list[str]) -> str:
+    """@triton.jit (or @gluon.jit) that compiles one kernel for every value of `sizes`: Triton would otherwise
+    compile again for a size equal to 1 or not a multiple of 16 (a batch of 1 after a batch of 2)."""
+    return f"@{module}.jit(do_not_specialize={sizes!r})" if sizes else f"@{module}.jit"
+
+
+def grid_sizes(w: KernelWriter, params: list[str]) -> list[str]:
+    """The run-time sizes among `params` that only count programs (the batch's): no tile's bounds depend on them,
+    so their value never changes the code. The extents of tile axes stay specialized: knowing a sequence
+    length is a multiple of 16 made the windowed prefill kernel 25% faster on an H100."""
+    counted = {w.ext(g) for g in w.s.grid} - {w.ext(a) for a in w.tile_axes} - set(w.spec.derived)
+    return [p for p in params if p in counted]
+
+
 def pow2(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 

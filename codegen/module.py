@@ -16,7 +16,7 @@ from neptune_eqsat.schedule import Schedule
 
 from . import masks
 from .gluon import CONSUMERS, ROWS, GluonWriter, NotEligible, gluon_source
-from .kernel import Context, KernelWriter, Val
+from .kernel import Context, KernelWriter, Val, grid_sizes, jit_decorator
 
 GPU_CONFIG = {"num_warps": 8, "num_stages": 3}   # measured best of a small sweep on an H100 (bench/sweep_configs.py)
 INTERPRETER_CONFIG = {"num_warps": 1, "num_stages": 1}
@@ -203,7 +203,8 @@ def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, c
     if tile:
         return (f"@triton.jit\ndef {name}_tile(\n    pid_row, pid_grid,\n    {sig},\n):\n"
                 + textwrap.indent(code, "    ") + "\n"), w
-    return f"@triton.jit\ndef {name}_kernel(\n    {sig},\n):\n" + textwrap.indent(code, "    ") + "\n", w
+    return f"{jit_decorator('triton', grid_sizes(w, params))}\ndef {name}_kernel(\n    {sig},\n):\n" + textwrap.indent(code, "    ") + "\n", w
+
 
 
 def _combine_in_kernel(w: KernelWriter, cw: KernelWriter) -> list[str]:
@@ -508,7 +509,7 @@ def _split_parts(sched: Schedule, name: str, inputs: list[str], out_alloc: str, 
     tile_src, cw = kernel_source(comb.sched, cname, tile=True)
     part_src, w = kernel_source(sched, name, comb.partials, combine=cw)
     _f32_dot_default(w, gpu, cpu)
-    wrapper = (f"@triton.jit\ndef {cname}_kernel(\n    {', '.join(cw.params)},\n    "
+    wrapper = (f"{jit_decorator('triton', grid_sizes(cw, cw.params))}\ndef {cname}_kernel(\n    {', '.join(cw.params)},\n    "
                + ", ".join(f"{c}: tl.constexpr" for c in cw.constexprs) + ",\n):\n"
                + f"    {cname}_tile(tl.program_id(0), tl.program_id(1), {', '.join(cw.params + cw.constexprs)})\n")
     row, crow, chunks = f"BLOCK_{sched.row.upper()}", f"BLOCK_{comb.sched.row.upper()}", f"BLOCK_{comb.chunk_axis.upper()}"
