@@ -149,6 +149,10 @@ class KernelWriter:
             return v.code
         return f"{v.code}[{', '.join(':' if a in v.axes else 'None' for a in axes)}]"
 
+    def int_as_float(self, v: Val) -> Val:
+        """An integer value as fp32 (a literal, a program-level scalar or a tile alike)."""
+        return Val(f"({v.code} * 1.0)", v.axes, "f32") if v.dtype in ("int", "bool") else v
+
     def as_float(self, v: Val) -> Val:
         return Val(f"{v.code}.to(tl.float32)", v.axes, "f32") if v.dtype in ("f16", "bf16") else v
 
@@ -188,8 +192,10 @@ class KernelWriter:
             return Val(self.put(blk, f"{x.code}.to({TL_DTYPE[at[0]]})"), x.axes, at[0])
         if op == "un":
             x = self.emit(ar[0], prev)
-            x = self.as_float(x) if at[0] not in ("neg", "not") else x
-            dt = "bool" if at[0] == "not" else ("int" if x.dtype == "int" and at[0] == "neg" else "f32")
+            integral = at[0] in ("neg", "not", "abs")   # the ops that keep an integer an integer
+            if not integral:
+                x = self.as_float(self.int_as_float(x))
+            dt = "bool" if at[0] == "not" else ("int" if x.dtype == "int" and integral else "f32")
             return Val(self.put(blk, UNARY_CODE[at[0]].format(x.code)), x.axes, dt)
         if op == "bin":
             return self.binary(at[0], [self.emit(a, prev) for a in ar], blk)
@@ -215,6 +221,8 @@ class KernelWriter:
     def binary(self, fn: str, xs: list[Val], blk: str) -> Val:
         axes = self.canon(set(xs[0].axes) | set(xs[1].axes))
         ints = all(x.dtype in ("int", "bool") for x in xs)
+        if ints and fn == "div":   # a true division of integers (h / 8): in fp32, like torch
+            xs, ints = [self.int_as_float(xs[0]), xs[1]], False
         if not ints and fn not in ir.LOGIC:
             xs = [self.as_float(x) for x in xs]
         code = BINARY_CODE[fn].format(*(self.expand(x, axes) for x in xs))

@@ -16,13 +16,11 @@ import contextlib
 import functools
 import hashlib
 import itertools
-import linecache
 import math
 import os
 import sys
 import tempfile
 import threading
-import traceback
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -31,7 +29,7 @@ from types import ModuleType
 
 import torch
 
-from . import bounds, ir, spec as S
+from . import aten_trace, bounds, ir, spec as S
 from .spec import Spec, SpecError
 
 if "triton" not in sys.modules and "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
@@ -50,11 +48,10 @@ class TraceError(SpecError):
 class _Trace:
     spec: Spec
     fn_name: str = ""
-    code: object = None
     captures: list[torch.Tensor] = field(default_factory=list)
 
     def capture(self, t: torch.Tensor, index: tuple) -> S.Expr:
-        """A captured tensor read at `index` (a tuple of symbolic or integer indices)."""
+        """A captured tensor read at `index` (spec expressions; `+ 0` on each, see below)."""
         for k, c in enumerate(self.captures):
             if c is t:
                 name = f"capture{k}"
@@ -68,154 +65,18 @@ class _Trace:
             self.spec.input(name, DTYPES.get(t.dtype, "f32"), *(int(n) for n in t.shape),
                             source=f"the tensor of shape {tuple(t.shape)} that {self.fn_name} captures")
         tensor = self.spec.inputs[name]
-        # `+ 0`: an index may be an axis whose extent is a run-time size; the tensor's extent is fixed
-        terms = tuple(S._wrap(i.expr) + 0 if isinstance(i, Sym) else int(i) for i in index)
-        return tensor[terms] if index else S.Expr(ir.load(name))
+        # indices come as `i + 0`: an index may be an axis whose extent is a run-time size, and the tensor's
+        # extent is fixed, so it is read at a computed index (checked at run time, bounds.py)
+        return tensor[tuple(index)] if index else S.Expr(ir.load(name))
 
-    def error(self, what: str, tb=None) -> TraceError:
-        line = _user_line(self.code, tb)
+    def error(self, what: str, line: str = "") -> TraceError:
         return TraceError(f"{self.fn_name}{' (' + line + ')' if line else ''}: {what}")
 
 
-_ACTIVE: list[_Trace] = []
-
-
-def _user_line(code, tb=None) -> str:
-    """file:line: text of the callable's innermost frame, from a traceback or else the current stack."""
-    frames = [(f, n) for f, n in traceback.walk_tb(tb)] if tb is not None else list(traceback.walk_stack(None))[::-1]
-    for frame, lineno in reversed(frames):
-        if frame.f_code is code:
-            text = (linecache.getline(frame.f_code.co_filename, lineno) or "").strip()
-            return f"{Path(frame.f_code.co_filename).name}:{lineno}: {text}"
-    return ""
-
-
-def _ex(x):
-    if isinstance(x, Sym):
-        return x.expr
-    if isinstance(x, torch.Tensor):
-        if x.dim() == 0:
-            return _ACTIVE[-1].capture(x, ())
-        raise _ACTIVE[-1].error(f"uses a captured tensor of shape {tuple(x.shape)} without indexing it")
-    if isinstance(x, bool):
-        return 1.0 if x else 0.0
-    return x
-
-
-class Sym:
-    """A symbolic value inside a traced score_mod / mask_mod. Arithmetic, comparisons, logic and the torch
-    functions in TORCH_FUNCTIONS build spec expressions; anything else raises a TraceError."""
-    __slots__ = ("expr",)
-
-    def __init__(self, expr):
-        self.expr = expr
-
-    def _op(self, fn, other, swap=False):
-        a, b = _ex(self), _ex(other)
-        return Sym(fn(b, a) if swap else fn(a, b))
-
-    def __add__(self, o): return self._op(lambda a, b: a + b, o)
-    def __radd__(self, o): return self._op(lambda a, b: a + b, o, True)
-    def __sub__(self, o): return self._op(lambda a, b: a - b, o)
-    def __rsub__(self, o): return self._op(lambda a, b: a - b, o, True)
-    def __mul__(self, o): return self._op(lambda a, b: a * b, o)
-    def __rmul__(self, o): return self._op(lambda a, b: a * b, o, True)
-    def __truediv__(self, o): return self._op(lambda a, b: a / b, o)
-    def __rtruediv__(self, o): return self._op(lambda a, b: a / b, o, True)
-    def __floordiv__(self, o): return self._op(lambda a, b: S._wrap(a) // b, o)
-    def __mod__(self, o): return self._op(lambda a, b: S._wrap(a) % b, o)
-    def __lt__(self, o): return self._op(lambda a, b: S._wrap(a) < b, o)
-    def __le__(self, o): return self._op(lambda a, b: S._wrap(a) <= b, o)
-    def __gt__(self, o): return self._op(lambda a, b: S._wrap(a) > b, o)
-    def __ge__(self, o): return self._op(lambda a, b: S._wrap(a) >= b, o)
-    def __eq__(self, o): return self._op(lambda a, b: S._wrap(a) == b, o)  # type: ignore[override]
-    def __ne__(self, o): return self._op(lambda a, b: S._wrap(a) != b, o)  # type: ignore[override]
-    def __and__(self, o): return self._op(lambda a, b: S._wrap(a) & b, o)
-    def __rand__(self, o): return self._op(lambda a, b: S._wrap(a) & b, o, True)
-    def __or__(self, o): return self._op(lambda a, b: S._wrap(a) | b, o)
-    def __ror__(self, o): return self._op(lambda a, b: S._wrap(a) | b, o, True)
-    def __neg__(self): return Sym(-S._wrap(self.expr))
-    def __invert__(self): return Sym(~S._wrap(self.expr))
-    def __abs__(self): return TORCH_FUNCTIONS["abs"](self)
-    def abs(self): return TORCH_FUNCTIONS["abs"](self)
-    def exp(self): return TORCH_FUNCTIONS["exp"](self)
-    def tanh(self): return TORCH_FUNCTIONS["tanh"](self)
-    def sigmoid(self): return TORCH_FUNCTIONS["sigmoid"](self)
-    def float(self): return self
-    def to(self, *a, **k): return self
-    __hash__ = None  # type: ignore[assignment]
-
-    def __bool__(self):
-        raise _ACTIVE[-1].error("Python control flow (if / and / or / while) on a traced value: use torch.where, "
-                                "&, | and ~ instead")
-
-    def __index__(self):
-        raise _ACTIVE[-1].error("uses a traced value as a Python integer (data-dependent shape or index)")
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = getattr(func, "__name__", str(func))
-        if name == "__getitem__" and isinstance(args[0], torch.Tensor):
-            idx = args[1] if isinstance(args[1], tuple) else (args[1],)
-            return Sym(_ACTIVE[-1].capture(args[0], idx))
-        handler = TORCH_FUNCTIONS.get(name)
-        if handler is None:
-            raise _ACTIVE[-1].error(f"torch.{name} is not supported in a traced score_mod / mask_mod "
-                                    f"(supported: {', '.join(sorted(TORCH_FUNCTIONS))})")
-        return handler(*args, **kwargs)
-
-
-def _binary(fn):
-    return lambda a, b, **_: Sym(fn(S._wrap(_ex(a)), _ex(b)))
-
-
-TORCH_FUNCTIONS = {
-    "where": lambda c, a, b: Sym(S.where(_ex(c), _ex(a), _ex(b))),
-    "exp": lambda a: Sym(S.exp(_ex(a))), "log": lambda a: Sym(S.log(_ex(a))),
-    "tanh": lambda a: Sym(S.tanh(_ex(a))), "sqrt": lambda a: Sym(S.sqrt(_ex(a))),
-    "abs": lambda a: Sym(S.abs(_ex(a))), "sigmoid": lambda a: Sym(1.0 / (1.0 + S.exp(-S._wrap(_ex(a))))),
-    "maximum": _binary(lambda a, b: S.max(a, b)), "minimum": _binary(lambda a, b: S.min(a, b)),
-    "clamp": lambda a, min=None, max=None: Sym(_clamp(_ex(a), min, max)),
-    "logical_and": _binary(lambda a, b: a & b), "logical_or": _binary(lambda a, b: a | b),
-    "logical_not": lambda a: Sym(~S._wrap(_ex(a))),
-    "add": _binary(lambda a, b: a + b), "sub": _binary(lambda a, b: a - b), "mul": _binary(lambda a, b: a * b),
-    "div": _binary(lambda a, b: a / b), "__add__": _binary(lambda a, b: a + b),
-    "__radd__": _binary(lambda a, b: b + a), "__sub__": _binary(lambda a, b: a - b),
-    "__rsub__": _binary(lambda a, b: b - a), "__mul__": _binary(lambda a, b: a * b),
-    "__rmul__": _binary(lambda a, b: b * a), "__truediv__": _binary(lambda a, b: a / b),
-    "__eq__": _binary(lambda a, b: a == b), "__ne__": _binary(lambda a, b: a != b),
-    "__lt__": _binary(lambda a, b: a < b), "__le__": _binary(lambda a, b: a <= b),
-    "__gt__": _binary(lambda a, b: a > b), "__ge__": _binary(lambda a, b: a >= b),
-    "__and__": _binary(lambda a, b: a & b), "__or__": _binary(lambda a, b: a | b),
-}
-
-
-def _clamp(x, lo, hi):
-    if lo is not None:
-        x = S.max(S._wrap(x), _ex(lo))
-    if hi is not None:
-        x = S.min(S._wrap(x), _ex(hi))
-    return x
-
-
-def _call(tr: _Trace, fn, args) -> S.Expr:
-    tr.fn_name = getattr(fn, "__qualname__", repr(fn))
-    tr.code = getattr(fn, "__code__", None)
-    _ACTIVE.append(tr)
-    try:
-        out = fn(*args)
-    except TraceError:
-        raise
-    except SpecError as e:
-        raise tr.error(str(e), e.__traceback__) from e
-    except Exception as e:   # the callable did something the tracer cannot follow
-        raise tr.error(f"{type(e).__name__}: {e}", e.__traceback__) from e
-    finally:
-        _ACTIVE.pop()
-    if isinstance(out, bool):
-        return out
-    return _ex(out)
+def _call(tr: _Trace, fn, args: list[S.Expr], dtypes: list[torch.dtype]):
+    """fn traced by torch and translated into a spec expression (aten_trace.py)."""
+    tr.fn_name = getattr(fn, "__qualname__", None) or getattr(getattr(fn, "func", None), "__qualname__", repr(fn))
+    return aten_trace.trace(fn, args, tr.capture, dtypes, tr.error)
 
 
 @dataclass(frozen=True)
@@ -242,12 +103,15 @@ def trace(score_mod, mask_mod, problem: Problem) -> tuple[Spec, list[torch.Tenso
     hk = h // (p.heads // p.kv_heads) if p.heads != p.kv_heads else h
     tr = _Trace(spec)
     s = S.sum(d, q[b, h, i, d] * k[b, hk, j, d]) * p.scale
+    index = [torch.int32] * 4   # FlexAttention's index tensors
     if score_mod is not None:
-        s = _call(tr, score_mod, (Sym(s), Sym(b), Sym(h), Sym(i), Sym(j)))
+        s = _call(tr, score_mod, [s, b, h, i, j], [torch.float32] + index)
         if not isinstance(s, S.Expr):
             s = S._wrap(float(s)) + 0 * S.sum(d, q[b, h, i, d] * k[b, hk, j, d])
     if mask_mod is not None:
-        keep = _call(tr, mask_mod, (Sym(b), Sym(h), Sym(i), Sym(j)))
+        keep = _call(tr, mask_mod, [b, h, i, j], index)
+        if not isinstance(keep, S.Expr):
+            keep = bool(keep)
         if keep is not True:
             if keep is False:
                 keep = S._wrap(0.0) > 1.0
