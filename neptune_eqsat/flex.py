@@ -13,6 +13,7 @@ elements at -inf; the compiler finds the fused plan (rolled for prefill, split-K
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import itertools
@@ -21,6 +22,7 @@ import os
 import sys
 import tempfile
 import threading
+import warnings
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -89,6 +91,7 @@ class Problem:
     value_dim: int
     scale: float
     decode: bool = False
+    lse: bool = False   # the output is the row logsumexp of the scores (return_lse), not the weighted values
 
 
 def trace(score_mod, mask_mod, problem: Problem) -> tuple[Spec, list[torch.Tensor]]:
@@ -119,8 +122,11 @@ def trace(score_mod, mask_mod, problem: Problem) -> tuple[Spec, list[torch.Tenso
     m = S.max(j, s)
     p_ = S.exp(s - S.where(m == -math.inf, 0, m))
     l_ = S.sum(j, p_)
-    o = S.sum(j, S.cast(p_, p.dtype) * v[b, hk, j, e]) / S.where(l_ == 0, 1, l_)
-    spec.output("o", p.dtype, o, b, h, i, e)
+    if p.lse:   # natural logarithm, -inf where a row keeps no key (FlexAttention's return_lse)
+        spec.output("lse", "f32", S.where(l_ == 0, -math.inf, S.where(m == -math.inf, 0, m) + S.log(l_)), b, h, i)
+    else:
+        o = S.sum(j, S.cast(p_, p.dtype) * v[b, hk, j, e]) / S.where(l_ == 0, 1, l_)
+        spec.output("o", p.dtype, o, b, h, i, e)
     spec.validate()
     # one name per traced problem: the tuning database keys its measurements by spec name
     spec.name = "flex_" + hashlib.sha256(_problem_text(spec, problem).encode()).hexdigest()[:12]
@@ -282,8 +288,8 @@ def _module_for(plan: str, query, key, value) -> _Compiled:
 
 
 def _resolve(plan: str, query, key, value) -> _Compiled:
-    score_mod, mask_mod, scale, enable_gqa = _CALLABLES[plan]
-    problem = _problem(query, key, value, scale, enable_gqa)
+    score_mod, mask_mod, scale, enable_gqa, lse = _CALLABLES[plan]
+    problem = _problem(query, key, value, scale, enable_gqa, lse)
     variant = (plan, problem, query.device.type == "cpu")
     compiled = _VARIANTS.get(variant)
     if compiled is None:
@@ -298,6 +304,8 @@ attention_op = torch.library.custom_op("neptune_eqsat::flex_attention", run_plan
 
 @attention_op.register_fake
 def _(query, key, value, captures, plan):
+    if plan.endswith(":lse"):
+        return query.new_empty(*query.shape[:3], dtype=torch.float32)
     return query.new_empty(*query.shape[:3], value.shape[-1])
 
 
@@ -377,35 +385,77 @@ _PROBE = Problem("f16", 2, 1, 16, 16, 0.25)
 
 
 @torch._dynamo.assume_constant_result
-def _plan(score_mod, mask_mod, scale, enable_gqa) -> str:
+def _plan(score_mod, mask_mod, scale, enable_gqa, lse=False) -> str:
     """The plan's name for these callables. Under torch.compile this runs while the model is traced and its
     result is a constant, so it takes no shapes (they may be dynamic there); it traces the callables once to
     find the tensors they capture."""
-    memo = (id(score_mod), id(mask_mod), scale, enable_gqa, reads(score_mod), reads(mask_mod))
+    memo = (id(score_mod), id(mask_mod), scale, enable_gqa, lse, reads(score_mod), reads(mask_mod))
     hit = _TRACED.get(memo)
     if hit is not None and hit[0][0]() is score_mod and hit[0][1]() is mask_mod:
         _TRACED.move_to_end(memo)
         return hit[1]
-    spec, captures = trace(score_mod, mask_mod, _PROBE)
-    name = f"{plan_key(spec, _PROBE)}:{scale}:{enable_gqa}:{next(_PLAN_IDS)}"   # one per callables: own captures
-    _CAPTURES[name], _CALLABLES[name] = captures, (score_mod, mask_mod, scale, enable_gqa)
+    probe = dataclasses.replace(_PROBE, lse=lse)
+    spec, captures = trace(score_mod, mask_mod, probe)
+    # one per callables (their own captures); ":lse" tells the operator's fake output from the attention's
+    name = f"{plan_key(spec, probe)}:{scale}:{enable_gqa}:{next(_PLAN_IDS)}" + (":lse" if lse else "")
+    _CAPTURES[name], _CALLABLES[name] = captures, (score_mod, mask_mod, scale, enable_gqa, lse)
     _TRACED[memo] = ((_ref(score_mod), _ref(mask_mod)), name)
     if len(_TRACED) > 256:
         _TRACED.popitem(last=False)
     return name
 
 
-def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, score_mod=None, mask_mod=None,
-                   scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
-    """FlexAttention's semantics: softmax(score_mod(q k^T * scale)) v over the keys mask_mod keeps; a query that
-    keeps no key gets 0. q [B, Hq, L, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv]; Hq != Hkv needs enable_gqa."""
-    plan = _plan(score_mod, mask_mod, None if scale is None else float(scale), bool(enable_gqa))
+def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, score_mod=None, block_mask=None,
+                   scale: float | None = None, enable_gqa: bool = False, return_lse: bool = False,
+                   kernel_options: dict | None = None, *, mask_mod=None):
+    """torch.nn.attention.flex_attention's signature and semantics: softmax(score_mod(q k^T * scale)) v over the
+    keys the mask keeps; a query that keeps no key gets 0. q [B, Hq, L, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv];
+    Hq != Hkv needs enable_gqa. The mask comes from `block_mask` (create_block_mask's BlockMask: its mask_mod
+    and sequence lengths are used, the block table is derived again) or from `mask_mod` directly. With
+    return_lse, also the row logsumexp of the scores [B, Hq, L] (fp32, natural log, -inf for empty rows).
+    kernel_options are FlexAttention's tuning knobs: accepted and ignored."""
+    if block_mask is not None:
+        if mask_mod is not None:
+            raise ValueError("pass either block_mask or mask_mod, not both")
+        mask_mod = _mask_of(block_mask, query, key)
+    if kernel_options:
+        _warn_once("kernel_options", f"flex_attention: kernel_options {sorted(kernel_options)} are FlexAttention's "
+                   "tuning knobs and are ignored here (configs come from the module's CONFIG and tuning)")
+    args = (None if scale is None else float(scale), bool(enable_gqa))
+    out = _run(query, key, value, _plan(score_mod, mask_mod, *args))
+    if return_lse:
+        return out, _run(query, key, value, _plan(score_mod, mask_mod, *args, True))
+    return out
+
+
+def _run(query, key, value, plan):
     if torch.compiler.is_compiling():   # one opaque node in the graph
         return attention_op(query, key, value, _CAPTURES[plan], plan)
     return run_plan(query, key, value, _CAPTURES[plan], plan)   # eager: skip the operator's dispatch cost
 
 
-def _problem(query, key, value, scale, enable_gqa) -> Problem:
+def _mask_of(block_mask, query, key):
+    """The mask_mod of a BlockMask, checked against the call's lengths as FlexAttention does; a plain callable
+    passed in block_mask's place is taken as the mask_mod."""
+    if callable(block_mask) and not hasattr(block_mask, "seq_lengths"):
+        return block_mask
+    lengths = tuple(int(n) for n in block_mask.seq_lengths)
+    if lengths != (query.shape[-2], key.shape[-2]):
+        raise ValueError(f"block_mask was created for query and key lengths {lengths}, but the query has "
+                         f"{query.shape[-2]} and the key {key.shape[-2]}: create the block mask for these lengths")
+    return block_mask.mask_mod
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(topic: str, message: str) -> None:
+    if topic not in _WARNED:
+        _WARNED.add(topic)
+        warnings.warn(message, stacklevel=3)
+
+
+def _problem(query, key, value, scale, enable_gqa, lse=False) -> Problem:
     for name, t in (("query", query), ("key", key), ("value", value)):
         if t.dim() != 4:
             raise ValueError(f"{name}: expected 4 dimensions [B, H, L, D], got shape {tuple(t.shape)}")
@@ -420,7 +470,7 @@ def _problem(query, key, value, scale, enable_gqa) -> Problem:
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv})")
     d = query.shape[-1]
     return Problem(DTYPES[query.dtype], hq, hkv, d, value.shape[-1], scale if scale is not None else 1.0 / math.sqrt(d),
-                   query.shape[2] <= DECODE_ROWS)
+                   query.shape[2] <= DECODE_ROWS, lse)
 
 
 def _check_interpreter() -> None:

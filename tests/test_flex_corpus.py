@@ -1,0 +1,137 @@
+"""FlexAttention code as it is written in the wild, with only the import swapped, against torch's own
+flex_attention run eagerly in float64 on CPU: combinators, method forms, helpers defined outside the callable,
+bit tricks, captured tensors indexed by captured tensors, block masks, the row logsumexp, cross-attention."""
+import math
+import warnings
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import and_masks, create_block_mask, or_masks
+from torch.nn.attention.flex_attention import flex_attention as torch_flex
+
+from neptune_eqsat import flex_attention
+from neptune_eqsat.flex import TraceError
+
+H, HKV = 4, 2
+DOC = torch.tensor([0] * 9 + [1] * 14 + [2] * 20)
+OFFSETS = torch.tensor([0, 9, 23], dtype=torch.int32)
+BIAS = torch.randn(H, 2 * 8 + 1, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+WIDTH = 6   # a 2-d image of WIDTH columns, rows of positions
+
+
+def causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def sliding(b, h, q_idx, kv_idx):
+    return (q_idx - kv_idx).abs().le(5)
+
+
+def sinks(b, h, q_idx, kv_idx):
+    return kv_idx < 2
+
+
+def neighborhood(b, h, q_idx, kv_idx):
+    """NATTEN style: the 3x3 window around the query, shifted inward at the image's edges."""
+    qx, qy, kx, ky = q_idx // WIDTH, q_idx % WIDTH, kv_idx // WIDTH, kv_idx % WIDTH
+    cx, cy = qx.clamp(1, WIDTH - 2), qy.clamp(1, WIDTH - 2)
+    return ((cx - kx).abs() <= 1) & ((cy - ky).abs() <= 1)
+
+
+def z_order(b, h, q_idx, kv_idx):
+    return ((q_idx >> 2) & 3) == ((kv_idx >> 2) & 3)
+
+
+def document_from_offsets(b, h, q_idx, kv_idx):
+    return (kv_idx >= OFFSETS[DOC[q_idx]]) & (kv_idx <= q_idx)
+
+
+def alibi_from_head(score, b, h, q_idx, kv_idx):
+    slope = torch.exp2(-(h + 1) * 8.0 / H)
+    return score + slope * (kv_idx - q_idx)
+
+
+def relative_bias(score, b, h, q_idx, kv_idx):
+    return score + BIAS[h, (q_idx - kv_idx).clamp(-8, 8) + 8]
+
+
+def soft_cap_methods(score, b, h, q_idx, kv_idx):
+    return score.div(20.0).tanh().mul(20.0)
+
+
+CASES = {
+    "and_masks": (None, and_masks(causal, sliding)),
+    "or_masks": (None, or_masks(and_masks(causal, sliding), sinks)),
+    "neighborhood": (None, neighborhood),
+    "z_order": (None, z_order),
+    "offsets[doc]": (None, document_from_offsets),
+    "alibi_exp2": (alibi_from_head, causal),
+    "relative_bias": (relative_bias, None),
+    "methods": (soft_cap_methods, None),
+    "where_first": (lambda s, b, h, q, kv: torch.where(kv > q, float("-inf"), s), None),
+}
+
+
+def run_both(case, L, S, dtype=torch.float16, block_mask=False, lse=False):
+    g = torch.Generator().manual_seed(L * 100 + S)
+    q = torch.randn(1, H, L, 16, generator=g).to(dtype)
+    k = torch.randn(1, HKV, S, 16, generator=g).to(dtype)
+    v = torch.randn(1, HKV, S, 16, generator=g).to(dtype)
+    score_mod, mask_mod = CASES[case]
+    mask = create_block_mask(mask_mod, 1, H, L, S, device="cpu") if mask_mod is not None else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = torch_flex(q.double(), k.double(), v.double(), score_mod=score_mod, block_mask=mask, enable_gqa=True,
+                          return_lse=lse)
+    if block_mask:
+        got = flex_attention(q, k, v, score_mod, mask, enable_gqa=True, return_lse=lse)
+    else:
+        got = flex_attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, enable_gqa=True, return_lse=lse)
+    return got, want
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_corpus_matches_torch_flex_attention(case):
+    got, want = run_both(case, 43, 43)
+    assert got.dtype == torch.float16 and not torch.isnan(got).any()
+    assert (got.double() - want).abs().max().item() <= 2e-2
+
+
+@pytest.mark.parametrize("L, S", [(3, 43), (43, 29)])
+def test_block_mask_cross_lengths_and_logsumexp(L, S):
+    """A BlockMask from create_block_mask, query and key lengths that differ, and the row logsumexp."""
+    (out, lse), (want, want_lse) = run_both("offsets[doc]" if L < S else "or_masks", L, S, torch.float32,
+                                            block_mask=True, lse=True)
+    assert (out.double() - want).abs().max().item() <= 2e-4
+    assert lse.dtype == torch.float32 and lse.shape == want_lse.shape
+    assert torch.equal(lse.isinf(), want_lse.isinf())
+    finite = want_lse.isfinite()
+    assert (lse.double() - want_lse)[finite].abs().max().item() <= 2e-4
+
+
+def test_block_mask_for_other_lengths_is_refused():
+    q = k = v = torch.randn(1, 2, 20, 16)
+    mask = create_block_mask(causal, 1, 2, 16, 16, device="cpu")
+    with pytest.raises(ValueError, match=r"created for query and key lengths \(16, 16\)"):
+        flex_attention(q, k, v, block_mask=mask)
+
+
+def test_kernel_options_are_accepted_with_one_warning():
+    q = k = v = torch.randn(1, 2, 20, 16).half()
+    with pytest.warns(UserWarning, match="kernel_options"):
+        flex_attention(q, k, v, kernel_options={"BLOCK_M": 64})
+
+
+def test_what_cannot_be_traced_names_the_line():
+    q = k = v = torch.randn(1, 2, 8, 16).half()
+
+    def uses_math(score, b, h, q_idx, kv_idx):
+        return math.exp(score)
+
+    def uses_erf(score, b, h, q_idx, kv_idx):
+        return score + torch.special.erf(score)
+
+    with pytest.raises(TraceError, match=r"uses_math \(test_flex_corpus.py:\d+: return math.exp\(score\)\)"):
+        flex_attention(q, k, v, score_mod=uses_math)
+    with pytest.raises(TraceError, match=r"uses_erf \(test_flex_corpus.py:\d+: .*\): aten.erf has no translation"):
+        flex_attention(q, k, v, score_mod=uses_erf)
