@@ -204,7 +204,14 @@ def _launch(rec, kernel, grid, args, cfg, constexprs):
         rec.launched(compiled, grid, args, constexprs)
 
 
-def _bind(sizes, name, x, want):
+def _bind(sizes, name, x, want, dtype, first_name, first):
+    """Check input `name` (its type, dtype, device and shape against the spec's) and read its run-time sizes."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype}, got {x.dtype}")
+    if x.device != first.device:
+        raise ValueError(f"{name}: on device {x.device}, but {first_name} is on {first.device}")
     if x.dim() != len(want):
         raise ValueError(f"{name}: expected {len(want)} dimensions {list(want)}, got shape {tuple(x.shape)}")
     for pos, (w, got) in enumerate(zip(want, x.shape)):

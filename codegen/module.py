@@ -321,7 +321,7 @@ def _tuned_config(gpu_name, shape_bucket):
 
 def forward({args}, *, config=None):
     """{doc}"""
-    if {first}.is_cuda:   # a call like an earlier one (inputs' signature, config) replays its launches
+    if isinstance({first}, torch.Tensor) and {first}.is_cuda:   # a call like an earlier one (inputs' signature, config) replays its launches
         key = _signature({args}) if config is None else (_signature({args}), repr(config))
         replay = _REPLAYS.get(key)
         if replay is not None:
@@ -472,7 +472,8 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
     def shape_code(shape) -> str:
         return "(" + "".join((repr(s) if isinstance(s, int) else repr(s.name)) + ", " for s in shape).strip() + ")"
 
-    binds = "\n".join(f"    _bind(sizes, {n!r}, {n}, {shape_code(spec.inputs[n].shape)})" for n in inputs)
+    binds = "\n".join(f"    _bind(sizes, {n!r}, {n}, {shape_code(spec.inputs[n].shape)}, "
+                      f"{TORCH_DTYPE[spec.inputs[n].dtype]}, {inputs[0]!r}, {inputs[0]})" for n in inputs)
     gpu.update({k: v for k, v in (tuned or {}).items() if k in gpu})
     tuned_table = {name: {b: {k: v for k, v in c.items() if k in gpu} for b, c in sorted(table.items())}
                    for name, table in sorted((by_gpu or {}).items())}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import click
@@ -11,13 +12,55 @@ from .spec import SpecError
 
 
 def _sizes(text: str | None) -> dict[str, int]:
+    """--shape NAME=INT,...: each name once, each size positive."""
     out: dict[str, int] = {}
     for part in filter(None, (text or "").split(",")):
-        name, _, value = part.partition("=")
-        if not value.strip().isdigit():
-            raise click.BadParameter(f"{part!r}: expected NAME=INT, e.g. B=1,S=4096")
-        out[name.strip()] = int(value)
+        name, _, value = (x.strip() for x in part.partition("="))
+        if not name or not value.lstrip("-").isdigit():
+            raise click.BadParameter(f"{part!r}: expected NAME=INT, e.g. B=1,S=4096", param_hint="--shape")
+        if name in out:
+            raise click.BadParameter(f"{name} is given twice", param_hint="--shape")
+        if int(value) <= 0:
+            raise click.BadParameter(f"{name}={value}: sizes must be positive", param_hint="--shape")
+        out[name] = int(value)
     return out
+
+
+def _spec_sizes(spec, sizes: dict[str, int], every: bool) -> dict[str, int]:
+    """`sizes` checked against the spec's dims: no unknown name and, when `every`, none missing."""
+    dims = list(spec.dims_)
+    unknown = [n for n in sizes if n not in dims]
+    if unknown:
+        raise click.BadParameter(f"unknown dim {', '.join(unknown)}; spec {spec.name} has dims {', '.join(dims)}",
+                                 param_hint="--shape")
+    missing = [n for n in dims if n not in sizes]
+    if every and missing:
+        raise click.BadParameter(f"no size for dim {', '.join(missing)} of spec {spec.name} (dims: "
+                                 f"{', '.join(dims)})", param_hint="--shape")
+    return sizes
+
+
+def _load(spec_file: str, dtype: str | None = None):
+    from .spec import load_spec
+    try:
+        spec = load_spec(spec_file)
+        return spec.retyped(dtype) if dtype else spec
+    except SpecError as e:
+        raise click.ClickException(str(e)) from e
+
+
+def _write(output: str, text: str) -> None:
+    """Write `output` through a temporary file of its own beside it (nothing else in the folder is touched)."""
+    folder = Path(output).resolve().parent
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{Path(output).name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, output)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 DEVICE_HELP = ("Device to price plans for and whose measured plan times to use (tuning database, "
@@ -45,29 +88,31 @@ def main() -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Where to write the generated module.")
 @click.option("--explain", is_flag=True, help="Print rules fired, e-graph size and time, candidate plans, choice.")
 @click.option("--shape", default=None, help="Sizes used to price plans, e.g. B=1,S=16384 (defaults: the spec's).")
-@click.option("--max-nodes", default=20_000, show_default=True, help="E-graph node limit.")
-@click.option("--max-seconds", default=20.0, show_default=True, help="Saturation time limit.")
+@click.option("--max-nodes", default=20_000, show_default=True, type=click.IntRange(min=1), help="E-graph node limit.")
+@click.option("--max-seconds", default=20.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Saturation time limit.")
+@click.option("--dtype", type=click.Choice(["f16", "bf16", "f32"]), default=None,
+              help="Compile the spec with its 16-bit inputs, casts and output in this dtype.")
 @click.option("--device", "device_text", default=None, help=DEVICE_HELP)
 @click.option("--plan", default=None, help="Generate this plan family (rolled, unfused, split, ...+packed) instead "
                                            "of the best, e.g. to time it with tune.")
 def optimize(spec_file: str, output: str | None, explain: bool, shape: str | None, max_nodes: int,
-             max_seconds: float, device_text: str | None, plan: str | None) -> None:
+             max_seconds: float, dtype: str | None, device_text: str | None, plan: str | None) -> None:
     """Optimize SPEC_FILE and write the fused kernel module."""
     from .compiler import PlanError, optimize as run
     from .saturate import Limits
 
+    spec = _load(spec_file, dtype)
+    sizes = _spec_sizes(spec, _sizes(shape), every=False)
     try:
-        result = run(spec_file, sizes=_sizes(shape), limits=Limits(max_nodes, max_seconds),
+        result = run(spec, sizes=sizes, limits=Limits(max_nodes, max_seconds), spec_file=spec_file,
                      device=_device(device_text), out_file=output or "OUT.py", plan=plan)
     except (SpecError, PlanError) as e:
         raise click.ClickException(str(e)) from e
     if explain:
         click.echo(result.explain())
     if output:
-        Path(output).parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(output).with_suffix(".tmp")
-        tmp.write_text(result.source)
-        tmp.replace(output)
+        _write(output, result.source)
         click.echo(f"wrote {output} ({result.chosen.family} plan, {result.chosen.sched.passes} pass(es))")
     elif not explain:
         click.echo(result.source)
@@ -89,7 +134,7 @@ def tune(spec_file: str, shape: str, output: str | None, budget: float, plan: st
     from .runtime import load_module
     from .tune import db_path, random_inputs_for, tune_module
 
-    sizes = _sizes(shape)
+    sizes = _spec_sizes(_load(spec_file), _sizes(shape), every=False)
     try:
         result = run(spec_file, sizes=sizes, plan=plan)
     except (SpecError, PlanError) as e:
@@ -101,7 +146,7 @@ def tune(spec_file: str, shape: str, output: str | None, budget: float, plan: st
                f"{tuned.default_ms:.4f} ms ({len(tuned.tried)} configs, {tuned.stopped}); stored in {db_path()}")
     if output:   # the plan just tuned, even if its measured time now ranks another plan first
         result = run(spec_file, sizes=sizes, out_file=output, plan=result.chosen.family)
-        Path(output).write_text(result.source)
+        _write(output, result.source)
         click.echo(f"wrote {output}")
 
 
@@ -132,10 +177,11 @@ def check(spec_file: str, shape: str, seed: int) -> None:
     from .runtime import load_module
     from .reference import evaluate, random_inputs, tolerance
 
+    sizes = _spec_sizes(_load(spec_file), _sizes(shape), every=True)
     try:
         result = run(spec_file)
         mod = load_module(result.source, result.spec.name)
-        inputs = random_inputs(result.spec, _sizes(shape), seed, "cuda" if on_gpu else "cpu")
+        inputs = random_inputs(result.spec, sizes, seed, "cuda" if on_gpu else "cpu")
         out = mod.forward(*inputs.values())
         ref = evaluate(result.spec, inputs)
     except SpecError as e:
@@ -186,9 +232,12 @@ def rules_check(names: tuple[str, ...], examples: int) -> None:
     """Prove each rule with sympy and test it on random values with hypothesis (all rules by default).
 
     A rule whose proof fails is refused (it never fires); a proved rule that fails numerically is an error."""
+    from .verdicts import reproving
+
     failed = False
     for r in _select(names):
-        stmt, ok = r.proof
+        with reproving():   # proved now, not taken from the proofs kept on disk
+            stmt, ok = r.obligation()
         bad = r.counterexample(examples)
         if ok and bad is None:
             status = "ok      "

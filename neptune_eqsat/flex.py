@@ -142,16 +142,33 @@ def cache_dir() -> Path:
     return Path(os.environ.get("NEPTUNE_EQSAT_CACHE", Path(tempfile.gettempdir()) / "neptune_eqsat_cache"))
 
 
-def _load(source: str, key: str, interpret: bool) -> ModuleType:
-    """Import a generated module; kernels are interpreted (CPU tensors) when `interpret` is set."""
-    import importlib.util
+def _store(source: str, key: str) -> Path:
+    """The module's source in the disk cache, written atomically: processes sharing the cache see the old file
+    or the new one."""
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"flex_{key}.py"
     if not path.exists() or path.read_text() != source:
         tmp = folder / f".flex_{key}.{os.getpid()}.{threading.get_ident()}.tmp"
         tmp.write_text(source)
-        tmp.replace(path)   # atomic: processes sharing the cache see the old file or the new one
+        tmp.replace(path)
+    return path
+
+
+def cached_source(key: str, spec: Spec) -> Path:
+    """The generated module of a traced spec in the disk cache, optimized now if it is not there yet; not
+    imported (a machine without a GPU can fill the cache for one with)."""
+    path = cache_dir() / f"flex_{key}.py"
+    if not path.exists():
+        from .compiler import optimize
+        _store(optimize(spec, spec_file="flex_attention", out_file=path.name).source, key)
+    return path
+
+
+def _load(source: str, key: str, interpret: bool) -> ModuleType:
+    """Import a generated module; kernels are interpreted (CPU tensors) when `interpret` is set."""
+    import importlib.util
+    path = _store(source, key)
     name = f"neptune_flex_{key}_{'interpreted' if interpret else 'compiled'}"
     with _triton_interpret(interpret):   # Triton decides interpreted or compiled when a kernel is defined
         spec = importlib.util.spec_from_file_location(name, path)
@@ -197,12 +214,7 @@ def compiled_module(key: str, spec: Spec, interpret: bool) -> ModuleType:
     with _LOCK:
         mod = _MEMORY.get((key, interpret))
         if mod is None:
-            src_path = cache_dir() / f"flex_{key}.py"
-            if src_path.exists():
-                source = src_path.read_text()
-            else:
-                from .compiler import optimize
-                source = optimize(spec, spec_file="flex_attention", out_file=src_path.name).source
+            source = cached_source(key, spec).read_text()
             mod = _MEMORY[(key, interpret)] = _load(source, key, interpret)
     return mod
 

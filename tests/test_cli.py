@@ -1,6 +1,8 @@
 """The command line: optimize with --explain, spec errors, and rule checking that catches planted bad rules."""
 import importlib.util
 
+import pytest
+import torch
 from click.testing import CliRunner
 
 import neptune_eqsat.rules as rules_pkg
@@ -107,3 +109,53 @@ def test_optimize_reads_the_measurements_of_the_named_gpu(tmp_path, monkeypatch)
     res = CliRunner().invoke(main, args + ["--device", "h200"])   # another GPU: its own (no) measurements
     assert res.exit_code == 0, res.output
     assert "chosen: split" in res.output and "measured      " not in res.output
+
+
+# ---- a user's mistakes get one line and exit code 2 ------------------------------------------------------------
+@pytest.mark.parametrize("command, message", [
+    (["check", "softmax", "--shape", "R=5"], "no size for dim N"),
+    (["check", "softmax", "--shape", "r=5,n=7"], "unknown dim r, n; spec softmax has dims R, N"),
+    (["check", "softmax", "--shape", "R=0,N=3"], "R=0: sizes must be positive"),
+    (["check", "softmax", "--shape", "R=3,N=-2"], "N=-2: sizes must be positive"),
+    (["optimize", "softmax", "--shape", "R=0,N=0"], "R=0: sizes must be positive"),
+    (["optimize", "softmax", "--shape", "X=5"], "unknown dim X"),
+    (["optimize", "softmax", "--shape", "R=5,R=6"], "R is given twice"),
+    (["optimize", "softmax", "--shape", "R=five"], "expected NAME=INT"),
+    (["optimize", "softmax", "--max-nodes", "-1"], "--max-nodes"),
+    (["optimize", "softmax", "--max-seconds", "0"], "--max-seconds"),
+])
+def test_a_users_mistake_is_one_line_and_exit_code_2(command, message):
+    args = [str(SPECS / f"{a}.py") if a == "softmax" else a for a in command]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_output_touches_only_its_own_file(tmp_path):
+    unrelated = tmp_path / "kernel.tmp"
+    unrelated.write_text("someone else's file")
+    result = CliRunner().invoke(main, ["optimize", str(SPECS / "softmax.py"), "-o", str(tmp_path / "kernel.py")])
+    assert result.exit_code == 0, result.output
+    assert unrelated.read_text() == "someone else's file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kernel.py", "kernel.tmp"]
+
+
+def test_optimize_in_another_dtype(tmp_path):
+    out = tmp_path / "causal_bf16.py"
+    result = CliRunner().invoke(main, ["optimize", str(SPECS / "causal_pf.py"), "--dtype", "bf16", "-o", str(out)])
+    assert result.exit_code == 0 and "rolled plan" in result.output
+    assert "'q': ('bfloat16'" in out.read_text()
+
+
+def test_generated_modules_name_a_wrong_input():
+    from neptune_eqsat.compiler import optimize
+    from neptune_eqsat.runtime import load_module
+    mod = load_module(optimize(str(SPECS / "causal_pf.py")).source, "causal_pf_inputs")
+    q, k, v = (torch.randn(1, 32, 5, 128).half() for _ in range(3))
+    with pytest.raises(TypeError, match=r"k: expected dtype torch.float16, got torch.float32"):
+        mod.forward(q, k.float(), v)
+    with pytest.raises(TypeError, match=r"v: expected a torch.Tensor, got list"):
+        mod.forward(q, k, [1.0])
+    with pytest.raises(ValueError, match=r"q: dimension 1 must be 32, got 4"):
+        mod.forward(q[:, :4], k, v)

@@ -2,6 +2,7 @@
 reference that applies the same score_mod / mask_mod to real index tensors, FlexAttention's semantics."""
 import math
 import os
+import sys
 
 import pytest
 import torch
@@ -324,3 +325,16 @@ def test_bf16_and_fp32_through_the_api(dtype):
         assert (out.double() - ref).abs().max().item() <= (5e-2 if dtype == torch.bfloat16 else 2e-4)
         if mask_mod is not None:
             assert torch.all(out[:, :, ::3] == 0)
+
+
+def test_the_cache_fills_without_importing_the_modules(tmp_path, monkeypatch):
+    """A machine without a GPU fills the kernel cache for one with: sources are written, not imported."""
+    from neptune_eqsat import flex
+    monkeypatch.setenv("NEPTUNE_EQSAT_CACHE", str(tmp_path))
+    problem = flex.Problem("f16", 4, 2, 16, 16, 0.25)
+    spec, _ = flex.trace(None, causal, problem)
+    key = flex.plan_key(spec, problem)
+    before = set(sys.modules)
+    path = flex.cached_source(key, spec)
+    assert path.parent == tmp_path and "def forward(" in path.read_text()
+    assert not any(m.startswith("neptune_flex_") for m in set(sys.modules) - before)
