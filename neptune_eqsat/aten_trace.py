@@ -62,12 +62,20 @@ def _scalar(x):
     return S._wrap(x) if isinstance(x, (int, float, bool, S.Expr)) else x
 
 
+def _max(a, b):   # elementwise (spec's max(j, x) with an axis first is a reduction)
+    return _scalar(a)._bin("max", b)
+
+
+def _min(a, b):
+    return _scalar(a)._bin("min", b)
+
+
 def _clamp(x, lo=None, hi=None):
     x = _scalar(x)
     if lo is not None:
-        x = S.max(x, lo)
+        x = _max(x, lo)
     if hi is not None:
-        x = S.min(x, hi)
+        x = _min(x, hi)
     return x
 
 
@@ -92,13 +100,33 @@ def _shift(a, k, left: bool):
     return _scalar(a) * (2 ** n) if left else _scalar(a) // (2 ** n)
 
 
+def _logic(name: str, a, b):
+    """a and / or / xor b, with a Python bool on either side folded away (3 > 2 is True before tracing)."""
+    for x, y in ((a, b), (b, a)):
+        if isinstance(x, bool):
+            if name == "and":
+                return y if x else False
+            if name == "or":
+                return True if x else y
+            return ~_scalar(y) if x else y
+    return {"and": lambda: _scalar(a) & b, "or": lambda: _scalar(a) | b, "xor": lambda: _scalar(a) != b}[name]()
+
+
+def _not(a):
+    return (not a) if isinstance(a, bool) else ~_scalar(a)
+
+
+def _where(c, a, b):
+    if isinstance(c, bool):
+        return a if c else b
+    return S.where(c, a, b)
+
+
 def _bitwise(name: str):
     """On booleans: logic. On integers: and with a constant 2^n - 1 is a remainder (two's complement)."""
     def translate(node, a, b=None):
         if _dtype(node) == torch.bool:
-            if name == "not":
-                return ~_scalar(a)
-            return {"and": lambda: _scalar(a) & b, "or": lambda: _scalar(a) | b, "xor": lambda: _scalar(a) != b}[name]()
+            return _not(a) if name == "not" else _logic(name, a, b)
         for x, mask in ((a, b), (b, a)):
             if name == "and" and isinstance(mask, int) and mask >= 0 and (mask + 1) & mask == 0:
                 return _scalar(x) % (mask + 1)
@@ -174,14 +202,13 @@ ATEN = {
     "pow": _pow, "square": lambda a: _scalar(a) * a, "sign": _sign, "sgn": _sign,
     "clamp": _clamp, "clip": _clamp,
     "clamp_min": lambda a, lo: _clamp(a, lo=lo), "clamp_max": lambda a, hi: _clamp(a, hi=hi),
-    "maximum": lambda a, b: S.max(_scalar(a), b), "minimum": lambda a, b: S.min(_scalar(a), b),
-    "fmax": lambda a, b: S.max(_scalar(a), b), "fmin": lambda a, b: S.min(_scalar(a), b),
-    "where": lambda c, a, b: S.where(c, a, b),
+    "maximum": _max, "minimum": _min, "fmax": _max, "fmin": _min,
+    "where": _where,
     "eq": lambda a, b: _scalar(a) == b, "ne": lambda a, b: _scalar(a) != b,
     "lt": lambda a, b: _scalar(a) < b, "le": lambda a, b: _scalar(a) <= b,
     "gt": lambda a, b: _scalar(a) > b, "ge": lambda a, b: _scalar(a) >= b,
-    "logical_and": lambda a, b: _scalar(a) & b, "logical_or": lambda a, b: _scalar(a) | b,
-    "logical_not": lambda a: ~_scalar(a), "logical_xor": lambda a, b: _scalar(a) != b,
+    "logical_and": lambda a, b: _logic("and", a, b), "logical_or": lambda a, b: _logic("or", a, b),
+    "logical_not": _not, "logical_xor": lambda a, b: _logic("xor", a, b),
     "bitwise_and": ("node", _bitwise("and")), "bitwise_or": ("node", _bitwise("or")),
     "bitwise_xor": ("node", _bitwise("xor")), "bitwise_not": ("node", _bitwise("not")),
     "__and__": ("node", _bitwise("and")), "__or__": ("node", _bitwise("or")), "__xor__": ("node", _bitwise("xor")),
