@@ -159,3 +159,5 @@ def test_generated_modules_name_a_wrong_input():
         mod.forward(q, k, [1.0])
     with pytest.raises(ValueError, match=r"q: dimension 1 must be 32, got 4"):
         mod.forward(q[:, :4], k, v)
+    with pytest.raises(ValueError, match=r"k: on device meta, but q is on cpu"):
+        mod.forward(q, k.to("meta"), v)

@@ -135,3 +135,12 @@ def test_what_cannot_be_traced_names_the_line():
         flex_attention(q, k, v, score_mod=uses_math)
     with pytest.raises(TraceError, match=r"uses_erf \(test_flex_corpus.py:\d+: .*\): aten.erf has no translation"):
         flex_attention(q, k, v, score_mod=uses_erf)
+
+
+def test_nan_and_inf_constants_in_a_callable():
+    got, want = run_both("nan_guard", 21, 30)
+    assert not torch.isnan(got).any() and (got.double() - want).abs().max().item() <= 2e-2
+
+
+CASES["nan_guard"] = (lambda s, b, h, q, kv: torch.where(s > 1e9, float("nan"), torch.where(kv > q, -math.inf, s)),
+                      None)
