@@ -27,6 +27,11 @@ UNARY_CODE = {
     "recip": "(1.0 / {})", "not": "({} == 0)",
     "tanh": "(2.0 * tl.sigmoid(2.0 * {}) - 1.0)",
     "logistic2": "(1.0 / (1.0 + tl.math.exp2({})))",   # 2^x overflows to inf only where the result is 0
+    "erf": "tl.erf({})", "floor": "tl.floor({})", "ceil": "tl.ceil({})",
+    "trunc": "tl.where({0} < 0, tl.ceil({0}), tl.floor({0}))",
+    # half to even: floor(x + 1/2), less one where x + 1/2 is an odd integer
+    "round": "(tl.floor({0} + 0.5) - tl.where((tl.floor({0} + 0.5) == {0} + 0.5) & (tl.floor({0} + 0.5) % 2 != 0), "
+             "1.0, 0.0))",
     "finite_or_zero": "tl.where(tl.abs({0}) < float('inf'), {0}, 0.0)",
     "exp_or_zero": "tl.where(tl.exp({0}) < float('inf'), tl.exp({0}), 0.0)",
 }
@@ -34,8 +39,10 @@ BINARY_CODE = {
     "add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} / {})",
     "max": "tl.maximum({}, {})", "min": "tl.minimum({}, {})", "lt": "({} < {})", "le": "({} <= {})",
     "gt": "({} > {})", "ge": "({} >= {})", "eq": "({} == {})", "ne": "({} != {})", "and": "({} & {})",
-    "or": "({} | {})", "floordiv": "({} // {})", "mod": "({} % {})",
+    "or": "({} | {})", "floordiv": "({} // {})", "mod": "({} % {})", "bitand": "({} & {})", "bitor": "({} | {})",
+    "bitxor": "({} ^ {})", "shl": "({} << {})", "shr": "({} >> {})",
 }
+BIT_OPS = ("bitand", "bitor", "bitxor", "shl", "shr")
 IDENTITY_CODE = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}
 
 
@@ -220,6 +227,8 @@ class KernelWriter:
 
     def binary(self, fn: str, xs: list[Val], blk: str) -> Val:
         axes = self.canon(set(xs[0].axes) | set(xs[1].axes))
+        if fn in BIT_OPS:   # ids stored as floats (captured integer tensors) taken back to integers
+            xs = [x if x.dtype in ("int", "bool") else Val(f"({x.code}).to(tl.int32)", x.axes, "int") for x in xs]
         ints = all(x.dtype in ("int", "bool") for x in xs)
         if ints and fn == "div":   # a true division of integers (h / 8): in fp32, like torch
             xs, ints = [self.int_as_float(xs[0]), xs[1]], False

@@ -26,7 +26,7 @@ def is_index_predicate(c: Term, loop: str) -> bool:
     for t in ir.walk(c):
         if t.op in INDEX_OPS:
             continue
-        if t.op == "bin" and t.attrs[0] in ir.COMPARE + ir.LOGIC + ("add", "sub", "mul", "floordiv", "mod"):
+        if t.op == "bin" and t.attrs[0] in ir.COMPARE + ir.LOGIC + ir.INTEGER + ("add", "sub", "mul"):
             continue
         if t.op == "un" and t.attrs[0] in ("not", "neg"):
             continue
@@ -159,11 +159,15 @@ _NP_UN = {"neg": np.negative, "exp": np.exp, "exp2": np.exp2, "log": np.log, "ta
           "recip": np.reciprocal, "not": np.logical_not,
           "finite_or_zero": lambda x: np.where(np.isfinite(x), x, 0.0),
           "exp_or_zero": lambda x: np.where(np.isfinite(np.exp(x)), np.exp(x), 0.0),
-          "logistic2": lambda x: 1.0 / (1.0 + np.exp2(x))}
+          "logistic2": lambda x: 1.0 / (1.0 + np.exp2(x)), "erf": np.vectorize(math.erf), "floor": np.floor,
+          "ceil": np.ceil, "round": np.round, "trunc": np.trunc}
 _NP_BIN = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum,
            "min": np.minimum, "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
            "eq": np.equal, "ne": np.not_equal, "and": np.logical_and, "or": np.logical_or,
-           "floordiv": np.floor_divide, "mod": np.mod}
+           "floordiv": np.floor_divide, "mod": np.mod,
+           **{fn: (lambda op: lambda a, b: op(np.int64(a), np.int64(b)).astype(np.float64))(op)
+              for fn, op in (("bitand", np.bitwise_and), ("bitor", np.bitwise_or), ("bitxor", np.bitwise_xor),
+                             ("shl", np.left_shift), ("shr", np.right_shift))}}
 
 
 def _index_condition(t: Term) -> bool:

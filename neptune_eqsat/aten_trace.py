@@ -95,8 +95,8 @@ def _power_of_two(k) -> int | None:
 
 def _shift(a, k, left: bool):
     n = _power_of_two(k)
-    if n is None:
-        raise Untranslatable("shifts by a traced or negative amount have no spec form")
+    if n is None:   # by a traced amount: the shift itself
+        return _scalar(a)._bin("shl" if left else "shr", k)
     return _scalar(a) * (2 ** n) if left else _scalar(a) // (2 ** n)
 
 
@@ -123,14 +123,13 @@ def _where(c, a, b):
 
 
 def _bitwise(name: str):
-    """On booleans: logic. On integers: and with a constant 2^n - 1 is a remainder (two's complement)."""
+    """On booleans: logic. On integers: the bit operations (~x is -x - 1 in two's complement)."""
     def translate(node, a, b=None):
         if _dtype(node) == torch.bool:
             return _not(a) if name == "not" else _logic(name, a, b)
-        for x, mask in ((a, b), (b, a)):
-            if name == "and" and isinstance(mask, int) and mask >= 0 and (mask + 1) & mask == 0:
-                return _scalar(x) % (mask + 1)
-        raise Untranslatable(f"bitwise {name} of integers (other than & 2^n - 1) has no spec form")
+        if name == "not":
+            return -_scalar(a) - 1
+        return _scalar(a)._bin("bit" + name, b)
     return translate
 
 
@@ -144,11 +143,17 @@ def _to(node, x, *args, **kwargs):
 
 
 def _integral(name: str):
-    def translate(node, x, *args):
+    def translate(node, x, *args, decimals=0):
         if not _is_float(_dtype(node.args[0])):
             return x   # floor, ceil, round or trunc of an integer is itself
-        raise Untranslatable(f"{name} of a float has no spec form")
+        if decimals or args:
+            raise Untranslatable(f"{name} to {decimals or args[0]} decimals has no spec form")
+        return _unary(name, x)
     return translate
+
+
+def _unary(fn: str, x):
+    return S.Expr(ir.un(fn, S._wrap(x).term))
 
 
 def _pow(a, k):
@@ -163,7 +168,7 @@ def _pow(a, k):
 
 
 def _exp2(a):
-    return S.Expr(ir.un("exp2", S._wrap(a).term))
+    return _unary("exp2", a)
 
 
 def _sign(a):
@@ -196,6 +201,7 @@ ATEN = {
     "remainder": lambda a, b: _scalar(a) % b,
     "neg": lambda a: -_scalar(a),
     "abs": S.abs, "exp": S.exp, "log": S.log, "tanh": S.tanh, "sqrt": S.sqrt, "exp2": _exp2,
+    "erf": lambda a: _unary("erf", a), "special_erf": lambda a: _unary("erf", a),
     "log2": lambda a: S.log(a) / LN2, "log10": lambda a: S.log(a) / math.log(10.0),
     "rsqrt": lambda a: 1.0 / S.sqrt(a), "reciprocal": lambda a: 1.0 / _scalar(a),
     "sigmoid": lambda a: 1.0 / (1.0 + S.exp(-_scalar(a))),

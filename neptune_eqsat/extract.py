@@ -31,7 +31,7 @@ from .schedule import TILE_LIMIT, Schedule, schedule
 from .spec import Spec
 
 OP_WORK = {"exp": 8.0, "exp_or_zero": 9.0, "exp2": 2.0, "exp2_or_zero": 3.0, "log": 4.0, "tanh": 6.0, "sqrt": 2.0,
-           "recip": 2.0, "div": 2.0, "finite_or_zero": 1.0, "logistic2": 3.0}
+           "recip": 2.0, "div": 2.0, "finite_or_zero": 1.0, "logistic2": 3.0, "erf": 8.0, "round": 4.0, "trunc": 2.0}
 ZERO = (0, 0, 0, 0.0)
 LAYOUT_MARGIN = 1.05
 

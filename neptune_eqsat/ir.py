@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 UNARY = ("neg", "exp", "log", "tanh", "sqrt", "abs", "recip", "finite_or_zero", "exp_or_zero", "exp2", "exp2_or_zero", "not",
-         "logistic2")   # logistic2(x) = 1 / (1 + 2^x), the logistic function in base 2: 1 at -inf, 0 at +inf
+         "logistic2",   # logistic2(x) = 1 / (1 + 2^x), the logistic function in base 2: 1 at -inf, 0 at +inf
+         "erf", "floor", "ceil", "round", "trunc")   # round: half to even, as torch.round
 ARITH = ("add", "sub", "mul", "div", "max", "min")
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 LOGIC = ("and", "or")
-INTEGER = ("floordiv", "mod")
+INTEGER = ("floordiv", "mod", "bitand", "bitor", "bitxor", "shl", "shr")   # bit operations of integers
 BINARY = ARITH + COMPARE + LOGIC + INTEGER
 REDUCERS = {"sum": 0.0, "max": -math.inf, "min": math.inf}  # reducer -> identity
 DTYPES = ("f16", "bf16", "f32", "f64")

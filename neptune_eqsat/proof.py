@@ -54,7 +54,8 @@ def simplifies_to(e: sp.Expr, value: sp.Expr) -> bool:
 class SymOps:
     """Builds sympy expressions from rule patterns."""
     UN = {"neg": lambda a: -a, "exp": sp.exp, "exp2": lambda a: 2 ** a, "log": sp.log, "tanh": sp.tanh, "sqrt": sp.sqrt, "abs": sp.Abs,
-          "recip": lambda a: 1 / a, "logistic2": lambda a: 1 / (1 + 2 ** a)}
+          "recip": lambda a: 1 / a, "logistic2": lambda a: 1 / (1 + 2 ** a), "erf": sp.erf, "floor": sp.floor,
+          "ceil": sp.ceiling}
     BIN = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
            "div": lambda a, b: a / b, "max": sp.Max, "min": sp.Min}
 

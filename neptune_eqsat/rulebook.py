@@ -87,7 +87,8 @@ class NumOps:
     """Evaluates rule patterns on floats."""
     UN = {"neg": lambda a: -a, "exp": math.exp, "exp2": lambda a: 2.0 ** a, "log": math.log, "tanh": math.tanh,
           "sqrt": math.sqrt, "abs": abs, "recip": lambda a: 1 / a,
-          "logistic2": lambda a: 1 / (1 + 2.0 ** a) if a < 1024 else 0.0}
+          "logistic2": lambda a: 1 / (1 + 2.0 ** a) if a < 1024 else 0.0, "erf": math.erf, "floor": math.floor,
+          "ceil": math.ceil}
     BIN = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
            "div": lambda a, b: a / b, "max": max, "min": min}
     REDUCE = {"sum": BIN["add"], "max": max, "min": min}   # a reducer's binary step

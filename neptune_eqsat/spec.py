@@ -298,7 +298,7 @@ def abs(x): return _un("abs", x)  # noqa: A001
 
 
 _FLIPPED = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
-_INDEX_ARITHMETIC = ("add", "sub", "mul", "floordiv", "mod")
+_INDEX_ARITHMETIC = ("add", "sub", "mul") + ir.INTEGER
 
 
 def _is_index(t: Term) -> bool:

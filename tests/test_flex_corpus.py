@@ -69,6 +69,10 @@ CASES = {
     "relative_bias": (relative_bias, None),
     "methods": (soft_cap_methods, None),
     "where_first": (lambda s, b, h, q, kv: torch.where(kv > q, float("-inf"), s), None),
+    "erf_and_rounding": (lambda s, b, h, q, kv: torch.special.erf(s) + torch.floor(s * 2) / 4 + torch.round(s * 1.5)
+                         - s.ceil() / 3 + torch.trunc(s * 2.5) / 5, None),
+    "bit_ops": (lambda s, b, h, q, kv: s + ((q >> (kv % 3)) ^ (kv << 1)) % 5, lambda b, h, q, kv: ((q ^ kv) & 4) == 0
+                | (~kv & 1).bool()),
 }
 
 
@@ -128,13 +132,13 @@ def test_what_cannot_be_traced_names_the_line():
     def uses_math(score, b, h, q_idx, kv_idx):
         return math.exp(score)
 
-    def uses_erf(score, b, h, q_idx, kv_idx):
-        return score + torch.special.erf(score)
+    def uses_sin(score, b, h, q_idx, kv_idx):
+        return score + torch.sin(score)
 
     with pytest.raises(TraceError, match=r"uses_math \(test_flex_corpus.py:\d+: return math.exp\(score\)\)"):
         flex_attention(q, k, v, score_mod=uses_math)
-    with pytest.raises(TraceError, match=r"uses_erf \(test_flex_corpus.py:\d+: .*\): aten.erf has no translation"):
-        flex_attention(q, k, v, score_mod=uses_erf)
+    with pytest.raises(TraceError, match=r"uses_sin \(test_flex_corpus.py:\d+: .*\): aten.sin has no translation"):
+        flex_attention(q, k, v, score_mod=uses_sin)
 
 
 def test_nan_and_inf_constants_in_a_callable():
