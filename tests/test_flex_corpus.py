@@ -2,6 +2,7 @@
 flex_attention run eagerly in float64 on CPU: combinators, method forms, helpers defined outside the callable,
 bit tricks, captured tensors indexed by captured tensors, block masks, the row logsumexp, cross-attention."""
 import math
+import os
 import warnings
 
 import pytest
@@ -12,6 +13,7 @@ from torch.nn.attention.flex_attention import flex_attention as torch_flex
 from neptune_eqsat import flex_attention
 from neptune_eqsat.flex import TraceError
 
+DEVICE = os.environ.get("NEPTUNE_TEST_DEVICE", "cpu")   # cuda: the same corpus through the compiled kernels
 H, HKV = 4, 2
 DOC = torch.tensor([0] * 9 + [1] * 14 + [2] * 20)
 OFFSETS = torch.tensor([0, 9, 23], dtype=torch.int32)
@@ -87,11 +89,12 @@ def run_both(case, L, S, dtype=torch.float16, block_mask=False, lse=False):
         warnings.simplefilter("ignore")
         want = torch_flex(q.double(), k.double(), v.double(), score_mod=score_mod, block_mask=mask, enable_gqa=True,
                           return_lse=lse)
+    q, k, v = (x.to(DEVICE) for x in (q, k, v))
     if block_mask:
         got = flex_attention(q, k, v, score_mod, mask, enable_gqa=True, return_lse=lse)
     else:
         got = flex_attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, enable_gqa=True, return_lse=lse)
-    return got, want
+    return (tuple(x.cpu() for x in got) if lse else got.cpu()), want
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -15,6 +15,7 @@ from torch.nn.attention.flex_attention import flex_attention as torch_flex
 from neptune_eqsat import flex_attention
 
 EXAMPLES = int(os.environ.get("NEPTUNE_FLEX_EXAMPLES", 24))
+DEVICE = os.environ.get("NEPTUNE_TEST_DEVICE", "cpu")   # cuda: through the compiled kernels
 TOLERANCE = {torch.float16: 2e-2, torch.bfloat16: 6e-2, torch.float32: 2e-4}
 INDEX = ("b", "h", "q_idx", "kv_idx")
 
@@ -112,7 +113,8 @@ def test_random_callables_match_torch_flex_attention(score_tree, mask_tree, head
         warnings.simplefilter("ignore")
         want = torch_flex(q.double(), k.double(), v.double(), score_mod=score_mod, block_mask=block_mask,
                           enable_gqa=hq != hkv)
-    got = flex_attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, enable_gqa=hq != hkv)
+    got = flex_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), score_mod=score_mod, mask_mod=mask_mod,
+                         enable_gqa=hq != hkv).cpu()
     assert got.dtype == dtype and got.shape == want.shape
     assert not torch.isnan(got).any()
     err = (got.double() - want.nan_to_num(0.0)).abs().max().item()
