@@ -74,6 +74,37 @@ class Analyses:
             self.memo[key] = {x.value for x in v.value} if v is not None else set()
         return self.memo[key]
 
+    def node(self, expr, weight, load_axes) -> tuple:
+        """What the cost of an e-node needs, the same in every plan family (so read once for all three):
+        (constructor, work, may-overflow exps, reduced axis, does the body read a reduction over that axis)."""
+        key = ("node", expr.__egg_typed_expr__)
+        if key in self.memo:
+            return self.memo[key]
+        name = str(get_callable_fn(expr)).split(".")[-1]
+        args = get_callable_args(expr)
+        risks, ax, waits_on_ax = 0, None, False
+        if name in ("axis", "dim", "const", "acc"):
+            own = 1.0
+        elif name == "load":
+            own = 2.0 * weight(load_axes(*(get_literal_value(a) for a in args)))
+        else:
+            axes = set().union(*(self.axes(free, a) for a in args if isinstance(a, ETerm)))
+            if name in ("red", "roll", "split"):
+                ax = get_literal_value(args[1])
+                axes.discard(ax)
+            own = weight(axes)
+            if name in ("un", "bin"):
+                fn = get_literal_value(args[0])
+                own *= OP_WORK.get(fn, 1.0)
+                risks = int(fn in ("exp", "exp2") and not self.nonpositive(args[1]))
+            elif ax is not None:
+                own *= weight({ax})
+                waits_on_ax = ax in self.axes(deps, args[3] if name == "split" else args[2])
+            elif name == "cast":
+                own *= 0.5
+        self.memo[key] = (name, own, risks, ax, waits_on_ax)
+        return self.memo[key]
+
     def nonpositive(self, expr) -> bool:
         key = (nonpositive, expr.__egg_typed_expr__)
         if key not in self.memo:
@@ -90,34 +121,14 @@ def node_cost(family: str, weight, load_axes, long_axes: set[str], known: Analys
     def cost(eg: EGraph, expr, kids: list) -> tuple:
         if not isinstance(expr, ETerm):   # literals (names, numbers)
             return ZERO
-        name = str(get_callable_fn(expr)).split(".")[-1]
-        args = get_callable_args(expr)
-        banned = risks = waits = 0
-        if name in ("axis", "dim", "const", "acc"):
-            own = 1.0
-        elif name == "load":
-            own = 2.0 * weight(load_axes(*(get_literal_value(a) for a in args)))
-        else:
-            terms = [a for a in args if isinstance(a, ETerm)]
-            axes = set().union(*(known.axes(free, a) for a in terms))
-            if name in ("red", "roll", "split"):
-                axes.discard(get_literal_value(args[1]))
-            own = weight(axes)
-            if name in ("un", "bin"):
-                fn = get_literal_value(args[0])
-                own *= OP_WORK.get(fn, 1.0)
-                risks = int(fn in ("exp", "exp2") and not known.nonpositive(args[1]))
-            elif name in ("red", "roll", "split"):
-                ax = get_literal_value(args[1])
-                own *= weight({ax})
-                body = args[3] if name == "split" else args[2]
-                if family == "split":
-                    banned = int((name == "split") != (ax in long_axes))
-                else:
-                    banned = int(name == "split" or (name == "roll" and family == "unfused"))
-                waits = int(name == "red" and family == "rolled" and ax in known.axes(deps, body))
-            elif name == "cast":
-                own *= 0.5
+        name, own, risks, ax, waits_on_ax = known.node(expr, weight, load_axes)
+        banned = waits = 0
+        if name in ("red", "roll", "split"):
+            if family == "split":
+                banned = int((name == "split") != (ax in long_axes))
+            else:
+                banned = int(name == "split" or (name == "roll" and family == "unfused"))
+            waits = int(name == "red" and family == "rolled" and waits_on_ax)
         parts = [(banned, risks, waits, own)] + [k for k in kids if isinstance(k, tuple)]
         return tuple(sum(p[n] for p in parts) for n in range(4))
     return cost

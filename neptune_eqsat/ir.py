@@ -54,6 +54,14 @@ class Term:
     def __repr__(self) -> str:
         return show(self)
 
+    def __hash__(self) -> int:
+        """Computed once per node: terms are keys of many memos, and the generated hash walks the whole tree."""
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.op, self.attrs, self.args))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     @cached_property
     def free(self) -> frozenset[str]:
         """Axes the value depends on."""
