@@ -52,6 +52,7 @@ class Result:
         if refused:
             lines.append("rolling-update rewrites refused (never fire):")
             lines += [f"  {r.name}: {r.proof[0]}" for r in refused]
+        lines += [f"extracted term rejected (not a term of the spec): {r}" for r in sat.rejected]
         lines.append(f"device: {self.device.name} ({self.device.source})")
         times = ", ".join(f"{f} {t * 1e6:.1f} us" for f, t in sorted(plan_times(self.measured).items(),
                                                                         key=lambda ft: ft[1]))

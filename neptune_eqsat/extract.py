@@ -134,6 +134,17 @@ def node_cost(family: str, weight, load_axes, long_axes: set[str], known: Analys
     return cost
 
 
+def _malformed(spec: Spec, term: Term) -> str:
+    """Why an extracted term is not a term of the spec (a reduction over an axis the spec lacks, a read of an
+    unknown input), or "" when it is one."""
+    for t in ir.walk(term):
+        if ir.is_reduction(t) and t.attrs[1] not in spec.axes_:
+            return f"a reduction over {t.attrs[1]!r}, not an axis of the spec: {ir.show(t)[:120]}"
+        if t.op == "load" and t.attrs[0] not in spec.inputs:
+            return f"a read of {t.attrs[0]!r}, not an input of the spec"
+    return ""
+
+
 def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device,
                measured: dict[str, float] | None = None) -> list[Candidate]:
     """The plans, best first; `measured`: family -> seconds measured for this spec and shape on `device`."""
@@ -158,6 +169,10 @@ def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device,
         if term in seen:
             continue
         seen.add(term)
+        malformed = _malformed(spec, term)
+        if malformed:   # a term that names what the spec does not have cannot be a plan of it
+            sat.rejected.append(f"{family}: {malformed}")
+            continue
         sched = schedule(spec, term)
         ops = {t.op for t in ir.walk(term)}
         kind = "split" if "split" in ops else "rolled" if "roll" in ops else "unfused"

@@ -34,6 +34,7 @@ class Saturation:
     nodes: int = 0
     seconds: float = 0.0
     stop: str = ""
+    rejected: list = field(default_factory=list)   # extracted terms that do not read as the spec's (see extract)
 
 
 def saturate(term: Term, limits: Limits | None = None, families: list[str] | None = None) -> Saturation:

@@ -133,3 +133,15 @@ def test_logistic_function_becomes_logistic2_and_stays_right(tmp_path):
     x = torch.randn(5, 37, dtype=torch.float32) * 4
     x[0, :5] = torch.tensor([-200.0, -90.0, 0.0, 90.0, 200.0])
     assert_close(path, sizes, inputs={"x": x})
+
+
+def test_a_malformed_extracted_term_is_rejected_not_scheduled():
+    """Extraction must only yield terms of the spec; one that is not (a reduction over an unknown axis) is
+    skipped and reported, and the other plans remain."""
+    from neptune_eqsat import ir
+    from neptune_eqsat.extract import _malformed
+    spec = load_spec(SPECS / "softmax.py")
+    assert _malformed(spec, spec.output_term) == ""
+    bad = ir.red("sum", "add", ir.load("x", ir.axis("r"), ir.axis("j")))
+    assert "a reduction over 'add'" in _malformed(spec, bad)
+    assert "not an input" in _malformed(spec, ir.load("y", ir.axis("r")))
