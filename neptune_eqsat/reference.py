@@ -10,7 +10,7 @@ import string
 
 import torch
 
-from .ir import Term
+from .ir import Term, walk
 from .spec import Spec, SpecError
 
 Value = tuple[torch.Tensor, tuple[str, ...]]  # data, the axis of each dimension
@@ -167,14 +167,36 @@ def evaluate(spec: Spec, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     return (full + _align(value, out_axes)) if value[1] or out_axes else value[0]
 
 
+def index_roles(spec: Spec, sizes: dict[str, int]) -> dict[str, int]:
+    """Inputs read as an index of another input (labels, token ids: x[r, target[r]]), with the extent of the
+    dimension they index."""
+    roles: dict[str, int] = {}
+    for t in walk(spec.output_term):
+        if t.op != "load":
+            continue
+        for pos, idx in enumerate(t.args):
+            while idx.op == "bin" and idx.attrs[0] == "add" and idx.args[1].op == "const" and idx.args[1].attrs[0] == 0:
+                idx = idx.args[0]   # i + 0
+            if idx.op == "load":
+                ext = spec.inputs[t.attrs[0]].shape[pos]
+                n = ext if isinstance(ext, int) else sizes[ext.name]
+                roles[idx.attrs[0]] = min(roles.get(idx.attrs[0], n), n)
+    return roles
+
+
 def random_inputs(spec: Spec, sizes: dict[str, int], seed: int = 0, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """Random inputs of the declared dtypes (never zeros): normal, or uniform in [0.5, 2] for positive inputs."""
+    """Random inputs of the declared dtypes (never zeros): normal, or uniform in [0.5, 2] for positive inputs;
+    an input read as an index (a label) takes integers in range of the dimension it indexes."""
     g = torch.Generator().manual_seed(seed)
     out = {}
     dt = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
+    roles = index_roles(spec, sizes)
     for name, t in spec.inputs.items():
         shape = [s if isinstance(s, int) else sizes[s.name] for s in t.shape]
-        x = torch.rand(shape, generator=g) * 1.5 + 0.5 if t.positive else torch.randn(shape, generator=g)
+        if name in roles:
+            x = torch.randint(0, roles[name], shape, generator=g).to(torch.float64)
+        else:
+            x = torch.rand(shape, generator=g) * 1.5 + 0.5 if t.positive else torch.randn(shape, generator=g)
         out[name] = x.to(dt[t.dtype]).to(device)
     return out
 

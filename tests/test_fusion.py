@@ -145,3 +145,16 @@ def test_a_malformed_extracted_term_is_rejected_not_scheduled():
     bad = ir.red("sum", "add", ir.load("x", ir.axis("r"), ir.axis("j")))
     assert "a reduction over 'add'" in _malformed(spec, bad)
     assert "not an input" in _malformed(spec, ir.load("y", ir.axis("r")))
+
+
+def test_a_label_gather_reads_labels_drawn_in_range():
+    """Inputs read as an index (labels) are drawn as integers inside the dimension they index, so the check
+    exercises the gather; the loss matches float64 at sizes off the blocks."""
+    from neptune_eqsat.reference import index_roles, random_inputs
+    path = str(SPECS / "cross_entropy.py")
+    spec = load_spec(path)
+    assert index_roles(spec, {"R": 7, "V": 45}) == {"target": 45}
+    labels = random_inputs(spec, {"R": 7, "V": 45}, seed=1)["target"]
+    assert torch.equal(labels, labels.round()) and labels.min() >= 0 and labels.max() < 45
+    assert len(set(labels.tolist())) > 1
+    assert_close(path, {"R": 7, "V": 45}, seed=1)
