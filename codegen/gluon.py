@@ -229,6 +229,7 @@ def tile_lines(row_blocks: str, grid_tiles: str, tiles: str, ordered: bool) -> l
 def gluon_source(sched: Schedule, name: str) -> tuple[str, GluonWriter]:
     """The Gluon kernel `{name}_gluon_kernel` of a qualifying schedule (raises NotEligible)."""
     from .module import _bounds, _pass_bounds, grid_index_lines   # shared with the Triton kernels
+    from .blocks import table_predicate
 
     _check_shape(sched)
     w = GluonWriter(sched, name)
@@ -247,6 +248,8 @@ def gluon_source(sched: Schedule, name: str) -> tuple[str, GluonWriter]:
             f"valid_{row} = offs_{row} < {w.ext(row)}"]
 
     reds = sched.in_pass(0)
+    if table_predicate(w, reds) is not None:
+        raise NotEligible("the mask's key blocks are listed at run time (blocks.py), which this kernel does not read")
     w.ctx = Context("body0", "pre0", complete=set(), running=set(reds))
     for r in reds:
         w.init_state(r, "init0")

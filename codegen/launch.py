@@ -51,12 +51,25 @@ class _Recording:
     def empty(self, shape, dtype, device):
         t = torch.empty(shape, device=device, dtype=dtype)
         self.buffers.append(t)
-        self.allocs.append((False, shape, dtype))
+        self.allocs.append(("empty", (shape, dtype)))
         return t
 
     def tickets(self, t, count):
         self.buffers.append(t)
-        self.allocs.append((True, count, None))
+        self.allocs.append(("tickets", count))
+        return t
+
+    def constant(self, t):
+        """A tensor every replay reads as it is (a block table of the sizes only)."""
+        self.buffers.append(t)
+        self.allocs.append(("constant", t))
+        return t
+
+    def derived(self, build, consts, tensors, t):
+        """A tensor each replay builds again from the call's tensors (a block table of their values)."""
+        slots = tuple(next(n for n, b in enumerate(self.buffers) if b is x) for x in tensors)
+        self.buffers.append(t)
+        self.allocs.append(("derived", (build, consts, slots)))
         return t
 
     def launched(self, compiled, grid, args, constexprs):
@@ -79,8 +92,17 @@ class _Recording:
 
         def replay(*inputs):
             stream = _current_stream(device)
-            bufs = list(inputs) + [_ticket_buffer(device, stream, s) if ticket else torch.empty(s, device=device, dtype=d)
-                                   for ticket, s, d in allocs]
+            bufs = list(inputs)
+            for kind, what in allocs:
+                if kind == "empty":
+                    bufs.append(torch.empty(what[0], device=device, dtype=what[1]))
+                elif kind == "tickets":
+                    bufs.append(_ticket_buffer(device, stream, what))
+                elif kind == "constant":
+                    bufs.append(what)
+                else:
+                    build, consts, slots = what
+                    bufs.append(build(*consts, *(bufs[s] for s in slots)))
             for compiled, grid, template, tensors in launches:
                 args = template.copy()
                 for pos, slot, described in tensors:   # same signature: the recorded layout takes a descriptor
@@ -89,6 +111,24 @@ class _Recording:
                 _run(compiled, grid, stream, args)
             return bufs[out_slot]
         return replay
+
+
+_TABLES = {}   # (builder, block sizes, sizes, device) -> block table of a predicate of positions only
+
+
+def _block_table(rec, build, consts, tensors):
+    """The key blocks each row block visits: built once per sizes when the mask reads positions only, at every
+    call when it reads tensors (their values may have changed)."""
+    if not tensors:
+        key = (build, *consts)
+        t = _TABLES.get(key)
+        if t is None:
+            if len(_TABLES) > 256:
+                _TABLES.clear()
+            t = _TABLES[key] = build(*consts)
+        return rec.constant(t) if rec is not None else t
+    t = build(*consts, *tensors)
+    return rec.derived(build, consts, tensors, t) if rec is not None else t
 
 
 def _empty(rec, shape, dtype, device):

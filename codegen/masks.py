@@ -16,22 +16,15 @@ import numpy as np
 from neptune_eqsat import ir
 from neptune_eqsat.ir import Term
 
-INDEX_OPS = {"axis", "dim", "const"}
+INDEX_OPS = ("axis", "dim", "const")
 
 
 def is_index_predicate(c: Term, loop: str) -> bool:
-    """A condition computed from indices only, that varies along the loop axis."""
+    """A condition computed from indices, sizes and inputs read at such indices (a document id per position),
+    never from a reduction, that varies along the loop axis."""
     if loop not in c.free:
         return False
-    for t in ir.walk(c):
-        if t.op in INDEX_OPS:
-            continue
-        if t.op == "bin" and t.attrs[0] in ir.COMPARE + ir.LOGIC + ir.INTEGER + ("add", "sub", "mul"):
-            continue
-        if t.op == "un" and t.attrs[0] in ("not", "neg"):
-            continue
-        return False
-    return True
+    return all(t.op in INDEX_OPS + ("load", "bin", "un", "where", "cast") for t in ir.walk(c))
 
 
 def mask_wheres(term: Term, loop: str) -> list[Term]:

@@ -14,7 +14,7 @@ from neptune_eqsat.cost import split_count
 from neptune_eqsat.tune import GLUON_KEYS, bucket
 from neptune_eqsat.schedule import Schedule
 
-from . import masks
+from . import blocks, masks
 from .gluon import CONSUMERS, ROWS, GluonWriter, NotEligible, gluon_source
 from .kernel import Context, KernelWriter, Val, grid_sizes, jit_decorator
 
@@ -57,6 +57,18 @@ def _bounds(w: KernelWriter, reds: list[ir.Term]):
     if bounds is not None and not (len(preds) == 1 and masks.skippable(reds, list(used), w.loop)):
         bounds.lo_any, bounds.hi_any, bounds.work_grows = "0", w.ext(w.loop), False
     return bounds
+
+
+def _table(w: KernelWriter, p: int, reds: list[ir.Term]) -> blocks.BlockTable | None:
+    """Pass p's classified mask (one table per predicate, shared by the passes that test it), or None."""
+    pred = blocks.table_predicate(w, reds)
+    if pred is None:
+        return None
+    if pred not in w.tables:
+        n = len(set(w.tables.values()))
+        w.tables[pred] = blocks.BlockTable(pred, f"blocks{n}", f"_{w.name}_blocks{n}",
+                                           tuple(g for g in w.s.grid if g in pred.free))
+    return w.tables[pred]
 
 
 def _pass_bounds(w: KernelWriter, p: int, reds: list[ir.Term]) -> list[str]:
@@ -161,12 +173,18 @@ def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, c
             prevs = [f"{w.state[r].code}_prev = {w.state[r].code}" for r in reds if f"{w.state[r].code}_prev" in used]
             w.blocks[blk][head_lines:head_lines] = prevs   # the states as they were when the block began
             loops.append(w.blocks[blk])
-        bounds = _pass_bounds(w, p, reds)
+        table = _table(w, p, reds)
         loop_lines = []
-        for lo, hi, lines in (("lo", "full_lo", loops[0]), ("full_lo", "full_hi", loops[1]),
-                              ("full_hi", "hi", loops[0])):
-            loop_lines.append(f"for start in range({lo}, {hi}, {w.block(loop)}):")
-            loop_lines += ["    " + x for x in lines]
+        if table is not None:   # the row block's lists of partial and full key blocks (blocks.py)
+            bounds, partial, full = blocks.kernel_lines(table, w)
+            for header, lines in ((partial, loops[0]), (full, loops[1])):
+                loop_lines += header + ["    " + x for x in lines]
+        else:
+            bounds = _pass_bounds(w, p, reds)
+            for lo, hi, lines in (("lo", "full_lo", loops[0]), ("full_lo", "full_hi", loops[1]),
+                                  ("full_hi", "hi", loops[0])):
+                loop_lines.append(f"for start in range({lo}, {hi}, {w.block(loop)}):")
+                loop_lines += ["    " + x for x in lines]
         body += [f"# pass {p} over {loop}: " + ", ".join(ir.show(r)[:60] for r in reds)]
         body += ["__PRE%d__" % p] + w.blocks[f"init{p}"] + bounds + loop_lines
         done |= set(reds)
@@ -187,6 +205,7 @@ def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, c
     for n, axes in out_axes.items():
         params += [f"{n}_s{k}" for k in range(len(axes))]
     params += [param for param, _, _ in w.descriptors.values()]
+    params += [f"{t.param}_ptr" for t in dict.fromkeys(w.tables.values())]
     params += w.dims + (["chunk_len"] if partials else [])
     w.constexprs = [f"BLOCK_{a.upper()}" for a in (row, loop) if a] + (["USE_TMA"] if w.descriptors else [])
     w.constexprs += ["ROW_ORDER"] if w.row_order else []
@@ -283,6 +302,7 @@ Plan:
 {plan}
 """
 import functools
+import math
 import os
 
 import torch
@@ -452,7 +472,11 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
         if w.row_order:
             gpu["ROW_ORDER"] = cpu["ROW_ORDER"] = 1
             grid = f"({rest}, {rows}) if cfg['ROW_ORDER'] == 2 else ({rows}, {rest})"
-        launch = [out_alloc] + _descriptor_lines(w, "cfg") + _launch(w, grid, "cfg")
+        tables = list(dict.fromkeys(w.tables.values()))
+        launch = [out_alloc] + [blocks.builder_call(t, w, "cfg") for t in tables] + \
+            _descriptor_lines(w, "cfg") + _launch(w, grid, "cfg")
+        if tables:
+            helpers += blocks.runtime_source() + "\n\n" + "\n\n".join(blocks.builder_source(t, w) for t in tables) + "\n\n"
         try:
             gsrc, gw = gluon_source(sched, name)
         except NotEligible:

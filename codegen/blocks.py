@@ -1,0 +1,149 @@
+"""Block classification derived from a mask predicate: which key blocks each row block must visit.
+
+For a predicate that is not a conjunction of linear bounds (masks.py gives those closed-form loop bounds),
+the generated module evaluates the predicate in interval arithmetic (intervals.py) over every (row block,
+key block) pair, with the grid axes the predicate reads taken one value at a time, and classifies each pair
+empty (no element kept: skipped), full (every element kept: run without the per-element test) or partial.
+The kernel then walks a per-row-block list of partial key blocks and one of full key blocks. A predicate
+that reads only positions is classified once per sizes and block sizes; one that reads tensors (a document
+id per position) at every call, since their values may change.
+
+Nothing here knows what the predicate means: it is whatever the spec's `where` tests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from neptune_eqsat import ir
+from neptune_eqsat.ir import Term
+
+from . import masks
+
+
+@dataclass(frozen=True)
+class BlockTable:
+    """A pass's classified predicate: kernel parameter `param`, built by generated function `builder`."""
+    pred: Term
+    param: str
+    builder: str
+    grid_axes: tuple[str, ...]   # grid axes the predicate reads (dimensions of the table, in this order)
+
+    @property
+    def tensors(self) -> list[str]:
+        """Inputs the predicate reads (their values change the table)."""
+        return list(dict.fromkeys(t.attrs[0] for t in ir.walk(self.pred) if t.op == "load"))
+
+
+def table_predicate(w, reds: list[Term]) -> Term | None:
+    """The mask predicate of a pass to classify in blocks, or None: no mask, a mask of closed-form linear
+    bounds, several masks, masked elements that do not give every reduction its identity (so an empty block
+    could not be skipped), or a predicate over axes that are neither rows, keys nor program indices."""
+    if w.row is None or w.loop is None or w.s.split:
+        return None
+    used = {m for r in reds for m in masks.mask_wheres(r, w.loop)}
+    preds = {m.args[0] for m in used}
+    if len(preds) != 1:
+        return None
+    pred = next(iter(preds))
+    if masks.constraints(pred) is not None or not pred.free <= {w.row, w.loop, *w.s.grid}:
+        return None
+    return pred if masks.skippable(reds, list(used), w.loop) else None
+
+
+def builder_source(table: BlockTable, w) -> str:
+    """def <builder>(BLOCK_ROW, BLOCK_LOOP, device, <sizes>, <tensors>) -> int32 block lists."""
+    order = list(table.grid_axes) + [w.row, w.loop]
+    ndim = len(order)
+    lines: list[str] = []
+    names: dict[Term, str] = {}
+    sizes: list[str] = []
+
+    def size(ax: str) -> str:
+        e = w.ext(ax)
+        if not e.isdigit() and e not in sizes:
+            sizes.append(e)
+        return e
+
+    for pos, ax in enumerate(order):
+        if ax == w.row:
+            code = f"_iv_axis_blocks({size(ax)}, BLOCK_ROW, {pos}, {ndim}, device)"
+        elif ax == w.loop:
+            code = f"_iv_axis_blocks({size(ax)}, BLOCK_LOOP, {pos}, {ndim}, device)"
+        else:
+            code = f"_iv_axis_points({size(ax)}, {pos}, {ndim}, device)"
+        names[ir.axis(ax)] = f"ax_{ax}"
+        lines.append(f"ax_{ax} = {code}")
+    ranged = {w.row, w.loop}
+
+    def emit(t: Term) -> str:
+        if t in names:
+            return names[t]
+        op, at, ar = t.op, t.attrs, t.args
+        if op == "dim":
+            if at[0] not in sizes:
+                sizes.append(at[0])
+            code = f"_iv_const({at[0]}, device)"
+        elif op == "const":
+            code = f"_iv_const({at[0]!r}, device)" if at[0] == at[0] and abs(at[0]) != float("inf") else \
+                f"_iv_const(float({str(at[0])!r}), device)"
+        elif op == "load":
+            spans = tuple(k for k, x in enumerate(ar) if x.free & ranged)
+            code = f"_iv_load({at[0]}, ({''.join(emit(x) + ', ' for x in ar)}), {spans!r})"
+        elif op == "un":
+            code = f"_iv_un({at[0]!r}, {emit(ar[0])})"
+        elif op == "bin":
+            code = f"_iv_bin({at[0]!r}, {emit(ar[0])}, {emit(ar[1])})"
+        elif op == "where":
+            code = f"_iv_where({emit(ar[0])}, {emit(ar[1])}, {emit(ar[2])})"
+        elif op == "cast":
+            code = f"_iv_cast({at[0]!r}, {emit(ar[0])})"
+        else:
+            raise ValueError(f"cannot classify blocks of {op}")
+        var = f"v{len(names)}"
+        lines.append(f"{var} = {code}")
+        names[t] = var
+        return var
+
+    result = emit(table.pred)
+    shape = [size(a) for a in table.grid_axes] + [f"-(-{size(w.row)} // BLOCK_ROW)",
+                                                   f"-(-{size(w.loop)} // BLOCK_LOOP)"]
+    lines.append(f"return _block_lists(_iv_classes({result}, ({', '.join(shape)},), {size(w.loop)}, BLOCK_LOOP, "
+                 f"{ndim - 1}))")
+    args = ", ".join(["BLOCK_ROW", "BLOCK_LOOP", "device"] + sizes + table.tensors)
+    doc = f'    """Key blocks to visit per row block where {ir.show(table.pred)[:80]} may hold."""'
+    return f"def {table.builder}({args}):\n{doc}\n" + "\n".join("    " + x for x in lines) + "\n"
+
+
+def builder_call(table: BlockTable, w, cfg: str) -> str:
+    """The launcher line building (or fetching) the table."""
+    src = builder_source(table, w)
+    args = src[src.index("(") + 1:src.index(")")].split(", ")[3:]
+    sizes = [a for a in args if a not in table.tensors]
+    consts = f"({cfg}[{'BLOCK_' + w.row.upper()!r}], {cfg}[{'BLOCK_' + w.loop.upper()!r}], device, " + \
+        "".join(f"{s}, " for s in sizes) + ")"
+    tensors = "(" + "".join(f"{t}, " for t in table.tensors) + ")"
+    return f"    {table.param} = _block_table(rec, {table.builder}, {consts}, {tensors})"
+
+
+def kernel_lines(table: BlockTable, w) -> tuple[list[str], str, str]:
+    """(lines locating the program's lists, the partial loop header, the full loop header)."""
+    flat = "0"
+    for g in table.grid_axes:
+        flat = g if flat == "0" else f"({flat}) * {w.ext(g)} + {g}"
+    br, bj = w.block(w.row), w.block(w.loop)
+    p = table.param
+    lines = [f"n_kb = ({w.ext(w.loop)} + {bj} - 1) // {bj}",
+             f"{p}_row = ({flat}) * (({w.ext(w.row)} + {br} - 1) // {br}) + pid_row",
+             f"{p}_at = {p}_ptr + {p}_row.to(tl.int64) * (2 * n_kb + 2)",
+             f"{p}_partial = tl.load({p}_at)", f"{p}_full = tl.load({p}_at + n_kb + 1)"]
+    partial = [f"for blk in range(0, {p}_partial):", f"    start = tl.load({p}_at + 1 + blk) * {bj}"]
+    full = [f"for blk in range(0, {p}_full):", f"    start = tl.load({p}_at + n_kb + 2 + blk) * {bj}"]
+    return lines, partial, full
+
+
+def runtime_source() -> str:
+    """The interval runtime (intervals.py) without its module header and imports."""
+    text = (Path(__file__).parent / "intervals.py").read_text()
+    marker = "# ---- copied into every generated module from here on\n"
+    return text[text.index(marker) + len(marker):].rstrip() + "\n"

@@ -1,0 +1,253 @@
+"""Interval arithmetic over blocks of indices, in torch: the run-time half of block classification (blocks.py).
+
+A value is a pair (lo, hi) of float64 tensors that broadcast against each other: every element the value
+takes over a block of rows x a block of keys lies in [lo, hi]. A condition is an interval over {0, 1}: lo = 1
+means true for every element, hi = 0 false for every one. Each operation returns an interval holding every
+result of its operands' elements (never a narrower one: a NaN bound widens to infinity), so a block found
+"never" holds no kept element and a block found "always" no masked one, whatever the predicate.
+
+Imports only torch; everything below the marker is copied into each generated module that classifies blocks.
+"""
+import math
+
+import torch
+
+# ---- copied into every generated module from here on
+_IV_INCREASING = {
+    "exp": torch.exp, "exp2": torch.exp2, "log": torch.log, "sqrt": torch.sqrt, "tanh": torch.tanh,
+    "erf": torch.erf, "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "trunc": torch.trunc,
+}
+_IV_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
+
+
+def _iv(lo, hi):
+    """An interval with NaN bounds widened (an undefined result could be anything)."""
+    return torch.nan_to_num(lo, nan=-math.inf), torch.nan_to_num(hi, nan=math.inf)
+
+
+def _iv_top(a, b=None):
+    """Every real number, in the broadcast shape of the operands."""
+    shape = a[0].shape if b is None else torch.broadcast_shapes(a[0].shape, b[0].shape)
+    return (torch.full(shape, -math.inf, dtype=torch.float64, device=a[0].device),
+            torch.full(shape, math.inf, dtype=torch.float64, device=a[0].device))
+
+
+def _iv_const(value, device):
+    v = torch.tensor(float(value), dtype=torch.float64, device=device)
+    return v, v
+
+
+def _iv_truth(a):
+    """A number as a condition (nonzero is true)."""
+    lo, hi = a
+    always = (lo > 0) | (hi < 0)
+    never = (lo == 0) & (hi == 0)
+    return always.double(), (~never).double()
+
+
+def _iv_un(fn, a):
+    lo, hi = a
+    if fn == "neg":
+        return -hi, -lo
+    if fn == "abs":
+        inside = (lo <= 0) & (hi >= 0)
+        return torch.where(inside, 0.0, torch.minimum(lo.abs(), hi.abs())), torch.maximum(lo.abs(), hi.abs())
+    if fn == "not":
+        t_lo, t_hi = _iv_truth(a)
+        return 1 - t_hi, 1 - t_lo
+    if fn in _IV_INCREASING:
+        f = _IV_INCREASING[fn]
+        return _iv(f(lo), f(hi))
+    if fn == "logistic2":   # 1 / (1 + 2^x) decreases
+        return _iv(1 / (1 + torch.exp2(hi)), 1 / (1 + torch.exp2(lo)))
+    if fn == "recip":
+        inside = (lo <= 0) & (hi >= 0)
+        return _iv(torch.where(inside, -math.inf, 1 / hi), torch.where(inside, math.inf, 1 / lo))
+    return _iv_top(a)
+
+
+def _iv_corners(f, a, b):
+    """The hull of f at the four corners: exact for an f monotone in each argument on the box."""
+    values = [f(x, y) for x in a for y in b]
+    lo = torch.stack(torch.broadcast_tensors(*values)).nan_to_num(nan=-math.inf).amin(0)
+    hi = torch.stack(torch.broadcast_tensors(*values)).nan_to_num(nan=math.inf).amax(0)
+    return lo, hi
+
+
+def _iv_excludes_zero(b):
+    return (b[0] > 0) | (b[1] < 0)
+
+
+def _iv_bin(fn, a, b):
+    (alo, ahi), (blo, bhi) = a, b
+    if fn == "add":
+        return _iv(alo + blo, ahi + bhi)
+    if fn == "sub":
+        return _iv(alo - bhi, ahi - blo)
+    if fn == "mul":
+        return _iv_corners(torch.mul, a, b)
+    if fn in ("div", "floordiv"):
+        f = torch.div if fn == "div" else (lambda x, y: torch.floor(x / y))
+        lo, hi = _iv_corners(f, a, b)
+        ok = _iv_excludes_zero(b)
+        return torch.where(ok, lo, -math.inf), torch.where(ok, hi, math.inf)
+    if fn == "max":
+        return torch.maximum(alo, blo), torch.maximum(ahi, bhi)
+    if fn == "min":
+        return torch.minimum(alo, blo), torch.minimum(ahi, bhi)
+    if fn == "mod":
+        # a remainder by a positive divisor c: within [0, c); the identity where a fits in one period of c
+        ok = blo > 0
+        period = torch.floor(alo / blo)
+        same = (blo == bhi) & (period == torch.floor(ahi / blo)) & torch.isfinite(alo) & torch.isfinite(ahi)
+        # Triton's remainder of a negative integer is negative (C's), torch's is not: allow both
+        lo = torch.where(same & (alo >= 0), alo - period * blo, torch.where(alo >= 0, 0.0, -bhi))
+        hi = torch.where(same & (alo >= 0), ahi - period * blo, bhi)
+        return torch.where(ok, lo, -math.inf), torch.where(ok, hi, math.inf)
+    if fn in ("lt", "le", "gt", "ge"):
+        if fn in ("gt", "ge"):
+            (alo, ahi), (blo, bhi), fn = b, a, {"gt": "lt", "ge": "le"}[fn]
+        if fn == "lt":
+            return (ahi < blo).double(), (alo < bhi).double()
+        return (ahi <= blo).double(), (alo <= bhi).double()
+    if fn in ("eq", "ne"):
+        always = (alo == ahi) & (blo == bhi) & (alo == blo)
+        maybe = (alo <= bhi) & (blo <= ahi)
+        return (always.double(), maybe.double()) if fn == "eq" else ((~maybe).double(), (~always).double())
+    if fn in ("and", "or"):
+        (alo, ahi), (blo, bhi) = _iv_truth(a), _iv_truth(b)
+        pick = torch.minimum if fn == "and" else torch.maximum
+        return pick(alo, blo), pick(ahi, bhi)
+    natural = (alo >= 0) & (blo >= 0) & torch.isfinite(ahi) & torch.isfinite(bhi)
+    if fn == "bitand":
+        lo, hi = torch.zeros_like(alo + blo), torch.minimum(ahi, bhi)
+    elif fn in ("bitor", "bitxor"):
+        # below the next power of two of the larger operand
+        top = torch.exp2(torch.ceil(torch.log2(torch.maximum(ahi, bhi) + 1))) - 1
+        lo = torch.maximum(alo, blo) if fn == "bitor" else torch.zeros_like(top)
+        hi = top
+    elif fn == "shl":
+        lo, hi = alo * torch.exp2(blo), ahi * torch.exp2(bhi)
+    elif fn == "shr":
+        lo, hi = torch.floor(alo / torch.exp2(bhi)), torch.floor(ahi / torch.exp2(blo))
+    else:
+        return _iv_top(a, b)
+    return _iv(torch.where(natural, lo, -math.inf), torch.where(natural, hi, math.inf))
+
+
+def _iv_where(c, a, b):
+    t_lo, t_hi = _iv_truth(c)
+    lo = torch.where(t_lo == 1, a[0], torch.where(t_hi == 0, b[0], torch.minimum(a[0], b[0])))
+    hi = torch.where(t_lo == 1, a[1], torch.where(t_hi == 0, b[1], torch.maximum(a[1], b[1])))
+    return lo, hi
+
+
+def _iv_cast(dtype, a):
+    """Rounding to a narrower float never reverses an order, so the rounded bounds bound the rounded values."""
+    dt = _IV_DTYPES[dtype]
+    return a[0].to(dt).double(), a[1].to(dt).double()
+
+
+def _iv_axis_blocks(n, block, pos, ndim, device):
+    """The axis in blocks of `block` along dimension `pos`: [start, last index] of each block."""
+    start = torch.arange(0, n, block, dtype=torch.float64, device=device)
+    shape = [1] * ndim
+    shape[pos] = -1
+    return start.reshape(shape), torch.clamp(start + block - 1, max=n - 1).reshape(shape)
+
+
+def _iv_axis_points(n, pos, ndim, device):
+    """Every value of the axis, one per element along dimension `pos`."""
+    shape = [1] * ndim
+    shape[pos] = -1
+    v = torch.arange(n, dtype=torch.float64, device=device).reshape(shape)
+    return v, v
+
+
+def _iv_load(t, index, ranged):
+    """t read at an interval index, one interval per dimension: the least and greatest element of the box. A
+    dimension in `ranged` may span many elements (it depends on a block's rows or keys): one such dimension is
+    answered by range-minimum tables along it; with more, those dimensions are reduced whole (wider, still
+    sound). The others are exact (one element) and gathered."""
+    t = t.double()
+    shape = torch.broadcast_shapes(*(x.shape for pair in index for x in pair))
+    lows, highs = t, t
+    gathered = []   # (dimension, index) of the dimensions left to gather, in order
+    wide = [d for d in ranged if d < t.dim()]
+    table_dim = wide[0] if len(wide) == 1 else None
+    for d in sorted(wide, reverse=True) if table_dim is None else []:
+        lows, highs = lows.amin(d, keepdim=True), highs.amax(d, keepdim=True)
+    for d in range(t.dim()):
+        n = lows.shape[d]
+        lo = torch.clamp(index[d][0], 0, n - 1).long()
+        hi = torch.clamp(index[d][1], 0, n - 1).long()
+        gathered.append((d, lo, hi))
+    # flat offsets of the exact dimensions (their low and high bounds agree where they are exact)
+    strides = [math.prod(lows.shape[d + 1:]) for d in range(t.dim())]
+    flat = torch.zeros(shape, dtype=torch.long, device=t.device)
+    for d, lo, _ in gathered:
+        if d != table_dim:
+            flat = flat + lo * strides[d]
+    # an index expected to be exact may come out as a range (a bit operation's bounds): there, the whole
+    # tensor's least and greatest elements
+    exact = torch.ones(shape, dtype=torch.bool, device=t.device)
+    for d, lo, hi in gathered:
+        if d != table_dim:
+            exact = exact & (lo == hi)
+    everywhere = (t.amin(), t.amax()) if t.numel() else (torch.tensor(math.inf), torch.tensor(-math.inf))
+    if table_dim is None:
+        return (torch.where(exact, lows.reshape(-1)[flat], everywhere[0]),
+                torch.where(exact, highs.reshape(-1)[flat], everywhere[1]))
+    _, lo, hi = gathered[table_dim]
+    hi = torch.maximum(hi, lo)
+    level = torch.floor(torch.log2((hi - lo + 1).double())).long()
+    mins, maxs = _iv_range_tables(lows, table_dim)
+    size = lows.numel()
+    step = strides[table_dim]
+    first = flat + level * size + lo * step
+    last = flat + level * size + (hi - (1 << level) + 1) * step
+    return (torch.where(exact, torch.minimum(mins.reshape(-1)[first], mins.reshape(-1)[last]), everywhere[0]),
+            torch.where(exact, torch.maximum(maxs.reshape(-1)[first], maxs.reshape(-1)[last]), everywhere[1]))
+
+
+def _iv_range_tables(t, dim):
+    """Sparse tables along `dim`: level k holds the least (greatest) of the 2^k elements from each position."""
+    n = t.shape[dim]
+    mins, maxs = [t], [t]
+    width = 1
+    while 2 * width <= n:
+        lo, hi = mins[-1], maxs[-1]
+        tail = n - width
+        pad_shape = list(t.shape)
+        pad_shape[dim] = width
+        # positions whose window would run past the end are never queried at this level
+        mins.append(torch.cat([torch.minimum(lo.narrow(dim, 0, tail), lo.narrow(dim, width, tail)),
+                               t.new_full(pad_shape, math.inf)], dim))
+        maxs.append(torch.cat([torch.maximum(hi.narrow(dim, 0, tail), hi.narrow(dim, width, tail)),
+                               t.new_full(pad_shape, -math.inf)], dim))
+        width *= 2
+    return torch.stack(mins), torch.stack(maxs)
+
+
+def _iv_classes(pred, shape, n_keys, block_keys, key_pos):
+    """Each block's class: 0 no element kept, 2 every element kept and the key block whole, 1 otherwise."""
+    always, maybe = _iv_truth(pred)
+    starts = torch.arange(0, n_keys, block_keys, device=always.device)
+    key_shape = [1] * len(shape)
+    key_shape[key_pos] = -1
+    whole = (starts + block_keys <= n_keys).reshape(key_shape)
+    cls = torch.where(maybe == 0, 0, torch.where((always == 1) & whole, 2, 1))
+    return torch.broadcast_to(cls, shape).to(torch.int8)
+
+
+def _block_lists(cls):
+    """Per (program's table entry, row block): the partial key blocks, then the full ones, as
+    [count, block indices ascending...] rows of int32 (a [entries, 2, key blocks + 1] tensor)."""
+    n_kb = cls.shape[-1]
+    cls = cls.reshape(-1, n_kb)
+    out = torch.zeros(cls.shape[0], 2, n_kb + 1, dtype=torch.int32, device=cls.device)
+    for slot, kind in ((0, 1), (1, 2)):
+        hit = cls == kind
+        out[:, slot, 0] = hit.sum(-1, dtype=torch.int32)
+        out[:, slot, 1:] = torch.sort((~hit).to(torch.int8), dim=-1, stable=True).indices.to(torch.int32)
+    return out

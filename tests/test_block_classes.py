@@ -1,0 +1,166 @@
+"""Block classification (codegen/blocks.py, codegen/intervals.py) is sound: a block classed empty keeps no
+element, one classed full masks none (and lies wholly inside the keys), for random predicates over positions
+and random captured data, checked by evaluating every element."""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import torch
+from hypothesis import given, settings, strategies as st
+
+from codegen import blocks, intervals
+from codegen.masks import _NP_BIN, _NP_UN
+from neptune_eqsat import ir
+
+H, N_DOC = 3, 23     # grid axis h, length of the captured 1-d tensor
+WRITER = types.SimpleNamespace(row="i", loop="j", ext=lambda a: {"i": "L", "j": "S", "h": str(H)}[a])
+
+
+def _clamped(e: ir.Term, n: int) -> ir.Term:
+    return ir.bin("min", ir.bin("max", e, ir.const(0)), ir.const(n - 1))
+
+
+def _linear(a: int, b: int, c: int) -> ir.Term:
+    """a*i + c - b*j: the differences and offsets of positions masks are made of."""
+    i, j = ir.axis("i"), ir.axis("j")
+    return ir.bin("sub", ir.bin("add", ir.bin("mul", i, ir.const(a)), ir.const(c)), ir.bin("mul", j, ir.const(b)))
+
+
+def numbers(depth: int):
+    leaves = st.sampled_from([ir.axis("i"), ir.axis("j"), ir.axis("h"), ir.dim("S")]) | \
+        st.integers(-6, 40).map(lambda v: ir.const(v)) | \
+        st.builds(_linear, st.integers(-2, 2), st.integers(-2, 2), st.integers(-10, 30))
+    if depth == 0:
+        return leaves
+    sub = numbers(depth - 1)
+    positive = st.integers(1, 9).map(lambda v: ir.const(v))
+    return st.one_of(
+        leaves,
+        st.tuples(st.sampled_from(["add", "sub", "mul", "max", "min"]), sub, sub).map(lambda x: ir.bin(*x)),
+        st.tuples(st.sampled_from(["floordiv", "mod"]), sub, positive).map(lambda x: ir.bin(*x)),
+        st.tuples(st.sampled_from(["shr", "shl"]), sub, st.integers(0, 3).map(lambda v: ir.const(v)))
+        .map(lambda x: ir.bin(x[0], ir.un("abs", x[1]), x[2])),
+        st.tuples(st.sampled_from(["bitand", "bitor", "bitxor"]), sub, sub)
+        .map(lambda x: ir.bin(x[0], ir.un("abs", x[1]), ir.un("abs", x[2]))),
+        sub.map(lambda a: ir.un("abs", a)),
+        sub.map(lambda a: ir.un("neg", a)),
+        sub.map(lambda a: ir.load("doc", _clamped(a, N_DOC))),
+        st.tuples(sub, sub).map(lambda x: ir.load("table", _clamped(ir.axis("h"), H), _clamped(x[1], N_DOC))),
+        st.tuples(conditions(depth - 1), sub, sub).map(lambda x: ir.where(*x)),
+    )
+
+
+def conditions(depth: int):
+    compare = st.tuples(st.sampled_from(list(ir.COMPARE)), numbers(depth), numbers(depth)).map(lambda x: ir.bin(*x))
+    if depth == 0:
+        return compare
+    sub = conditions(depth - 1)
+    return st.one_of(compare, st.tuples(st.sampled_from(["and", "or"]), sub, sub).map(lambda x: ir.bin(*x)),
+                     sub.map(lambda a: ir.un("not", a)))
+
+
+def classify(pred: ir.Term, L: int, S: int, bm: int, bn: int, tensors: dict) -> np.ndarray:
+    """Class per (h, row block, key block) from the generated builder: 0 empty, 1 partial, 2 full."""
+    grid = ("h",) if "h" in pred.free else ()
+    table = blocks.BlockTable(pred, "blocks0", "build", grid)
+    scope: dict = {"torch": torch, "math": __import__("math")}
+    exec(blocks.runtime_source() + "\n" + blocks.builder_source(table, WRITER), scope)
+    used = [tensors[n] for n in table.tensors]
+    lists = scope["build"](bm, bn, torch.device("cpu"), *[{"L": L, "S": S}[s] for s in _sizes(table)], *used)
+    n_kb = -(-S // bn)
+    cls = np.zeros((lists.shape[0], n_kb), dtype=np.int64)
+    for row, entry in enumerate(lists.numpy()):
+        for slot, kind in ((0, 1), (1, 2)):
+            cls[row, entry[slot, 1:1 + entry[slot, 0]]] = kind
+    return cls.reshape((H if grid else 1), -(-L // bm), n_kb)
+
+
+def _sizes(table) -> list[str]:
+    src = blocks.builder_source(table, WRITER)
+    return [a for a in src[src.index("(") + 1:src.index(")")].split(", ")[3:] if a not in table.tensors]
+
+
+def brute_force(pred: ir.Term, L: int, S: int, tensors: dict) -> np.ndarray:
+    """The predicate at every (h, i, j), as booleans."""
+    h, i, j = np.meshgrid(np.arange(H), np.arange(L), np.arange(S), indexing="ij")
+    env = {"h": h.astype(np.float64), "i": i.astype(np.float64), "j": j.astype(np.float64)}
+    data = {n: t.double().numpy() for n, t in tensors.items()}
+
+    def ev(t: ir.Term):
+        if t.op == "axis":
+            return env[t.attrs[0]]
+        if t.op == "dim":
+            return np.float64({"S": S, "L": L}[t.attrs[0]])
+        if t.op == "const":
+            return np.float64(t.attrs[0])
+        if t.op == "load":
+            idx = [np.broadcast_to(ev(a), h.shape).astype(np.int64) for a in t.args]
+            return data[t.attrs[0]][tuple(idx)]
+        if t.op == "un":
+            return _NP_UN[t.attrs[0]](ev(t.args[0]))
+        if t.op == "bin":
+            return _NP_BIN[t.attrs[0]](ev(t.args[0]), ev(t.args[1]))
+        if t.op == "where":
+            return np.where(ev(t.args[0]), ev(t.args[1]), ev(t.args[2]))
+        raise ValueError(t.op)
+
+    with np.errstate(all="ignore"):
+        return np.broadcast_to(ev(pred) != 0, h.shape)
+
+
+def check_sound(pred, L, S, bm, bn, tensors) -> np.ndarray:
+    cls = classify(pred, L, S, bm, bn, tensors)
+    truth = brute_force(pred, L, S, tensors)
+    for hh in range(H):
+        for rb in range(-(-L // bm)):
+            for kb in range(-(-S // bn)):
+                block = truth[hh, rb * bm:(rb + 1) * bm, kb * bn:(kb + 1) * bn]
+                c = cls[min(hh, cls.shape[0] - 1), rb, kb]
+                assert c != 0 or not block.any(), f"block ({hh}, {rb}, {kb}) classed empty keeps an element"
+                if c == 2:
+                    assert block.all(), f"block ({hh}, {rb}, {kb}) classed full masks an element"
+                    assert (kb + 1) * bn <= S, "a full block runs past the keys"
+    return cls
+
+
+def random_tensors(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    doc = torch.sort(torch.randint(0, 5, (N_DOC,), generator=g)).values
+    return {"doc": doc.float(), "table": torch.randint(-20, 40, (H, N_DOC), generator=g).float()}
+
+
+@settings(max_examples=300, deadline=None)
+@given(conditions(2), st.integers(1, 40), st.integers(1, 40), st.sampled_from([1, 4, 8]),
+       st.sampled_from([1, 4, 16]), st.integers(0, 2**16))
+def test_random_predicates_are_classified_soundly(pred, L, S, bm, bn, seed):
+    check_sound(pred, L, S, bm, bn, random_tensors(seed))
+
+
+def test_document_mask_skips_other_documents_and_runs_inner_blocks_unmasked():
+    doc = torch.tensor([0] * 16 + [1] * 24 + [2] * 8).float()
+    i, j = ir.axis("i"), ir.axis("j")
+    pred = ir.bin("and", ir.bin("eq", ir.load("doc", i), ir.load("doc", j)), ir.bin("ge", i, j))
+    cls = check_sound(pred, 48, 48, 8, 8, {"doc": doc})[0]
+    assert (cls == 0).sum() > 0 and (cls == 2).sum() > 0
+    # row block 3 (rows 24-31, document 1, keys 16-39): keys 16-23 all kept, 24-31 causal, the rest empty
+    assert list(cls[3]) == [0, 0, 2, 1, 0, 0]
+
+
+def test_prefix_or_causal_mask_is_full_on_the_prefix():
+    i, j = ir.axis("i"), ir.axis("j")
+    pred = ir.bin("or", ir.bin("lt", j, ir.const(12)), ir.bin("ge", i, j))
+    cls = check_sound(pred, 32, 32, 8, 8, {})[0]
+    assert list(cls[0]) == [2, 1, 0, 0] and list(cls[3]) == [2, 2, 2, 1]
+
+
+def test_a_range_minimum_query_answers_intervals_of_any_length():
+    t = torch.randn(5, 37, dtype=torch.float64)
+    lo = torch.tensor([[0.0, 3, 10, 36]])
+    hi = torch.tensor([[36.0, 3, 20, 36]])
+    rows = torch.arange(5.0).reshape(5, 1)
+    got_lo, got_hi = intervals._iv_load(t, ((rows, rows), (lo, hi)), (1,))
+    for r in range(5):
+        for k in range(4):
+            seg = t[r, int(lo[0, k]):int(hi[0, k]) + 1]
+            assert got_lo[r, k] == seg.min() and got_hi[r, k] == seg.max()
