@@ -46,7 +46,8 @@ def table_predicate(w, reds: list[Term]) -> Term | None:
     if len(preds) != 1:
         return None
     pred = next(iter(preds))
-    if masks.constraints(pred) is not None or not pred.free <= {w.row, w.loop, *w.s.grid}:
+    closed_form = masks.key_bounds(pred, w.row, w.loop, lambda k: "x", "i_lo", "i_hi", "n") is not None
+    if closed_form or not pred.free <= {w.row, w.loop, *w.s.grid}:
         return None
     return pred if masks.skippable(reds, list(used), w.loop) else None
 
@@ -126,7 +127,7 @@ def builder_call(table: BlockTable, w, cfg: str) -> str:
     return f"    {table.param} = _block_table(rec, {table.builder}, {consts}, {tensors})"
 
 
-def kernel_lines(table: BlockTable, w) -> tuple[list[str], str, str]:
+def kernel_lines(table: BlockTable, w) -> tuple[list[str], list[str], list[str]]:
     """(lines locating the program's lists, the partial loop header, the full loop header)."""
     flat = "0"
     for g in table.grid_axes:

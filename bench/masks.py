@@ -1,0 +1,263 @@
+"""Masks people write, through neptune_eqsat.flex_attention against torch's FlexAttention.
+
+    python bench/masks.py [--seqs 4096,16384] [--dtypes f16,bf16] [--masks NAME,...] [--heads 32] [--out DIR]
+
+For each mask (a mask_mod, sometimes with a score_mod or GQA), prefill at B = 1, D = 128:
+- `neptune`: neptune_eqsat.flex_attention with the callables, as a user calls it (its block lists come from the
+  predicate: once per sizes for a mask of positions, at every call for one that reads a tensor);
+- `flex`: torch's FlexAttention under torch.compile with its block mask built once beforehand;
+- `flex_per_call`: the same with create_block_mask called on every call (as when the mask's data change);
+- `flex_flash`: FlexAttention's FlashAttention-4 backend (kernel_options={"BACKEND": "FLASH"}), where installed.
+Every output is checked against float64 attention on a sample of rows and heads. Needs a CUDA GPU and the
+compiler (egglog) beside torch and triton. Writes masks.json and masks.md to --out (default $OUT or
+bench/results).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+D = 128
+CHECK_ROWS = 256
+
+
+# ---- the masks: (mask_mod, score_mod, kv heads) built for a sequence length ---------------------------------
+def documents(S, n, device, seed=0):
+    """Jagged document lengths summing to S, a document id per position."""
+    g = torch.Generator().manual_seed(seed)
+    cuts = torch.sort(torch.randperm(S - 1, generator=g)[:n - 1] + 1).values
+    lengths = torch.diff(torch.cat([torch.tensor([0]), cuts, torch.tensor([S])]))
+    return torch.repeat_interleave(torch.arange(n), lengths).to(device=device, dtype=torch.int32)
+
+
+def masks(S, device):
+    doc = documents(S, 8, device)
+    side = int(math.isqrt(S))
+    t3 = 16
+    hw = int(math.isqrt(S // t3))
+
+    def causal(b, h, i, j):
+        return i >= j
+
+    def document_causal(b, h, i, j):
+        return (doc[i] == doc[j]) & (i >= j)
+
+    def document(b, h, i, j):
+        return doc[i] == doc[j]
+
+    prefix = S // 4
+
+    def prefix_lm(b, h, i, j):
+        return (j < prefix) | (i >= j)
+
+    def window_sinks(b, h, i, j):
+        return (i >= j) & ((i - j < 1024) | (j < 4))
+
+    def dilated(b, h, i, j):
+        return (i >= j) & (i - j < 2048) & ((i - j) % 2 == 0)
+
+    def neighborhood_2d(b, h, i, j):
+        return ((i // side - j // side).abs() <= 8) & ((i % side - j % side).abs() <= 8)
+
+    def natten_2d(b, h, i, j):   # a window of 17 x 17 clamped inside the image (NATTEN)
+        ci = (i // side).clamp(8, side - 9)
+        cj = (i % side).clamp(8, side - 9)
+        return ((ci - j // side).abs() <= 8) & ((cj - j % side).abs() <= 8)
+
+    def neighborhood_3d(b, h, i, j):
+        ti, tj = i // (hw * hw), j // (hw * hw)
+        yi, yj = (i // hw) % hw, (j // hw) % hw
+        xi, xj = i % hw, j % hw
+        return ((ti - tj).abs() <= 2) & ((yi - yj).abs() <= 4) & ((xi - xj).abs() <= 4)
+
+    def chunked_causal(b, h, i, j):
+        return (i // 1024 == j // 1024) & (i >= j)
+
+    def block_causal(b, h, i, j):
+        return i // 512 >= j // 512
+
+    def global_tokens(b, h, i, j):
+        return ((i - j).abs() <= 256) | (i < 16) | (j < 16)
+
+    bias = torch.randn(32, 513, device=device)
+
+    def relative_bias(score, b, h, i, j):
+        return score + bias[h, (i - j).clamp(-256, 256) + 256]
+
+    def softcap(score, b, h, i, j):
+        return 30.0 * torch.tanh(score / 30.0)
+
+    return {
+        "document_causal": (document_causal, None, 32),
+        "document": (document, None, 32),
+        "prefix_lm": (prefix_lm, None, 32),
+        "window_sinks": (window_sinks, None, 32),
+        "dilated_window": (dilated, None, 32),
+        "neighborhood_2d": (neighborhood_2d, None, 32),
+        "natten_2d": (natten_2d, None, 32),
+        "neighborhood_3d": (neighborhood_3d, None, 32),
+        "chunked_causal": (chunked_causal, None, 32),
+        "block_causal": (block_causal, None, 32),
+        "global_tokens": (global_tokens, None, 32),
+        "relative_bias_causal": (causal, relative_bias, 32),
+        "document_causal_gqa_softcap": (document_causal, softcap, 8),
+    }
+
+
+# ---- float64 reference on sampled rows ------------------------------------------------------------------------
+def reference_rows(q, k, v, mask_mod, score_mod, rows, heads):
+    """float64 attention output at (head, row) for the given heads and rows."""
+    from torch.nn.attention.flex_attention import _vmap_for_bhqkv   # FlexAttention's own broadcasting of mods
+    S = k.shape[2]
+    groups = q.shape[1] // k.shape[1]
+    outs = []
+    for h in heads:
+        qh = q[0, h, rows].double()
+        kh, vh = k[0, h // groups].double(), v[0, h // groups].double()
+        s = qh @ kh.T / math.sqrt(D)
+        b_, h_ = torch.zeros(1, dtype=torch.int32, device=q.device), torch.full((1,), h, dtype=torch.int32, device=q.device)
+        qi = rows.to(torch.int32)
+        kj = torch.arange(S, device=q.device, dtype=torch.int32)
+        if score_mod is not None:
+            fn = _vmap_for_bhqkv(score_mod, prefix=(0,))
+            s = fn(s[None, None], b_, h_, qi, kj)[0, 0]
+        keep = _vmap_for_bhqkv(mask_mod, prefix=())(b_, h_, qi, kj)[0, 0]
+        s = s.masked_fill(~keep, -math.inf)
+        p = torch.softmax(s, -1).nan_to_num(0.0)
+        outs.append(p @ vh)
+    return torch.stack(outs)
+
+
+def check(out, q, k, v, mask_mod, score_mod, S):
+    g = torch.Generator(device="cpu").manual_seed(1)
+    rows = torch.randperm(S, generator=g)[:CHECK_ROWS].sort().values.to(q.device)
+    heads = [0, q.shape[1] - 1]
+    ref = reference_rows(q, k, v, mask_mod, score_mod, rows, heads)
+    got = torch.stack([out[0, h, rows].double() for h in heads])
+    err = (got - ref).abs().max().item()
+    tol = 2e-2 if q.dtype == torch.bfloat16 else 5e-3
+    return err, err <= tol and math.isfinite(err)
+
+
+# ---- systems ----------------------------------------------------------------------------------------------------
+def neptune_call(q, k, v, mask_mod, score_mod):
+    from neptune_eqsat import flex_attention
+    gqa = q.shape[1] != k.shape[1]
+    return lambda: flex_attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, enable_gqa=gqa)
+
+
+def flex_call(q, k, v, mask_mod, score_mod, per_call=False, backend=None):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    S, gqa = q.shape[2], q.shape[1] != k.shape[1]
+    compiled = torch.compile(flex_attention, dynamic=False)
+    options = {"BACKEND": backend} if backend else None
+    if per_call:
+        return lambda: compiled(q, k, v, score_mod=score_mod, enable_gqa=gqa, kernel_options=options,
+                                block_mask=create_block_mask(mask_mod, None, None, S, S, device=q.device))
+    bm = create_block_mask(mask_mod, None, None, S, S, device=q.device)
+    return lambda: compiled(q, k, v, score_mod=score_mod, block_mask=bm, enable_gqa=gqa, kernel_options=options)
+
+
+SYSTEMS = {"neptune": neptune_call, "flex": flex_call,
+           "flex_per_call": lambda *a: flex_call(*a, per_call=True),
+           "flex_flash": lambda *a: flex_call(*a, backend="FLASH")}
+
+
+def gpu_name():
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=30).stdout.strip().splitlines()[0]
+    except Exception:
+        return torch.cuda.get_device_name()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seqs", default="4096,16384")
+    ap.add_argument("--dtypes", default="f16")
+    ap.add_argument("--masks", default="")
+    ap.add_argument("--systems", default="neptune,flex,flex_per_call,flex_flash")
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--rep", type=int, default=200, help="timing: ms of repetitions (triton do_bench)")
+    ap.add_argument("--out", default=os.environ.get("OUT", str(HERE / "results")))
+    a = ap.parse_args()
+    import triton.testing
+    out_dir = Path(a.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    device = "cuda"
+    name = gpu_name()
+    for dt in a.dtypes.split(","):
+        dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dt]
+        for S in map(int, a.seqs.split(",")):
+            table = masks(S, device)
+            for mask_name, (mask_mod, score_mod, hkv) in table.items():
+                if a.masks and mask_name not in a.masks.split(","):
+                    continue
+                g = torch.Generator(device=device).manual_seed(S)
+                q = torch.randn(1, a.heads, S, D, device=device, dtype=dtype, generator=g)
+                k = torch.randn(1, hkv, S, D, device=device, dtype=dtype, generator=g)
+                v = torch.randn(1, hkv, S, D, device=device, dtype=dtype, generator=g)
+                row = {"gpu": name, "mask": mask_name, "S": S, "dtype": dt}
+                for system in a.systems.split(","):
+                    try:
+                        fn = SYSTEMS[system](q, k, v, mask_mod, score_mod)
+                        t0 = time.perf_counter()
+                        out = fn()
+                        torch.cuda.synchronize()
+                        first = time.perf_counter() - t0
+                        err, ok = check(out, q, k, v, mask_mod, score_mod, S)
+                        del out
+                        ms = triton.testing.do_bench(fn, warmup=25, rep=a.rep, return_mode="median") if ok else None
+                        row[system] = {"ms": ms, "err": err, "ok": ok, "first_s": round(first, 2)}
+                    except Exception as e:   # a system that cannot run this mask: reported, not fatal
+                        row[system] = {"ms": None, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+                    torch.cuda.empty_cache()
+                rows.append(row)
+                print(line(row, a.systems.split(",")), flush=True)
+                write(rows, a.systems.split(","), out_dir)
+
+
+def line(row, systems):
+    parts = [f"{row['mask']:<28} S={row['S']:<6} {row['dtype']:<4}"]
+    for s in systems:
+        r = row.get(s, {})
+        parts.append(f"{s}={r['ms']:.3f}ms" if r.get("ms") else f"{s}={r.get('error', 'wrong' if r else '-')[:40]}")
+    return "  ".join(parts)
+
+
+def write(rows, systems, out_dir):
+    (out_dir / "masks.json").write_text(json.dumps(rows, indent=1))
+    head = "| mask | S | dtype | " + " | ".join(f"{s} ms" for s in systems) + " | flex / neptune | per call / neptune |"
+    lines = [f"GPU: {rows[0]['gpu']}", "", head, "|" + "---|" * (head.count("|") - 1)]
+    ratios = {"flex": [], "flex_per_call": [], "flex_flash": []}
+    for r in rows:
+        ms = {s: r.get(s, {}).get("ms") for s in systems}
+        cells = [f"{ms[s]:.3f}" if ms[s] else r.get(s, {}).get("error", "wrong")[:30] for s in systems]
+        rel = {}
+        for s in ratios:
+            if ms.get(s) and ms.get("neptune"):
+                rel[s] = ms[s] / ms["neptune"]
+                ratios[s].append(rel[s])
+        lines.append(f"| {r['mask']} | {r['S']} | {r['dtype']} | " + " | ".join(cells) +
+                     f" | {rel.get('flex', float('nan')):.2f} | {rel.get('flex_per_call', float('nan')):.2f} |")
+    lines.append("")
+    for s, xs in ratios.items():
+        if xs:
+            lines.append(f"{s} / neptune: geomean {math.exp(sum(map(math.log, xs)) / len(xs)):.3f}, "
+                         f"min {min(xs):.3f} over {len(xs)} cases")
+    (out_dir / "masks.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
