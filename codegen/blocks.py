@@ -66,21 +66,40 @@ def builder_source(table: BlockTable, w) -> str:
             sizes.append(e)
         return e
 
+    blocks = {w.row: "BLOCK_ROW", w.loop: "BLOCK_LOOP"}
+    points: dict[str, dict[Term, str]] = {a: {} for a in blocks}   # per axis: terms evaluated at each position
     for pos, ax in enumerate(order):
-        if ax == w.row:
-            code = f"_iv_axis_blocks({size(ax)}, BLOCK_ROW, {pos}, {ndim}, device)"
-        elif ax == w.loop:
-            code = f"_iv_axis_blocks({size(ax)}, BLOCK_LOOP, {pos}, {ndim}, device)"
+        if ax in blocks:
+            code = f"_iv_axis_blocks({size(ax)}, {blocks[ax]}, {pos}, {ndim}, device)"
+            lines.append(f"pt_{ax} = _iv_axis_points({size(ax)}, {pos}, {ndim}, device)")
+            points[ax][ir.axis(ax)] = f"pt_{ax}"
         else:
             code = f"_iv_axis_points({size(ax)}, {pos}, {ndim}, device)"
+            for at_axis in points.values():
+                at_axis[ir.axis(ax)] = f"ax_{ax}"
         names[ir.axis(ax)] = f"ax_{ax}"
         lines.append(f"ax_{ax} = {code}")
-    ranged = {w.row, w.loop}
+    ranged = set(blocks)
 
-    def emit(t: Term) -> str:
-        if t in names:
-            return names[t]
+    def emit(t: Term, at_points: str | None = None) -> str:
+        """t's interval over each block pair, or at each position of axis `at_points` (exact there)."""
+        memo = names if at_points is None else points[at_points]
+        if t in memo:
+            return memo[t]
         op, at, ar = t.op, t.attrs, t.args
+        one = t.free & ranged
+        if at_points is None and len(one) == 1 and op not in ("axis", "dim", "const"):
+            # a value of one axis (a document id per row): computed at every position and summarized per block,
+            # exact where intervals of its parts would widen (doc[i] over a block is its least to greatest id)
+            ax = next(iter(one))
+            code = f"_iv_blockwise({emit(t, ax)}, {order.index(ax)}, {blocks[ax]})"
+            var = f"v{len(lines)}"
+            lines.append(f"{var} = {code}")
+            names[t] = var
+            return var
+
+        def sub(x: Term) -> str:   # a child, in the same mode
+            return emit(x, at_points)
         if op == "dim":
             if at[0] not in sizes:
                 sizes.append(at[0])
@@ -89,21 +108,21 @@ def builder_source(table: BlockTable, w) -> str:
             code = f"_iv_const({at[0]!r}, device)" if at[0] == at[0] and abs(at[0]) != float("inf") else \
                 f"_iv_const(float({str(at[0])!r}), device)"
         elif op == "load":
-            spans = tuple(k for k, x in enumerate(ar) if x.free & ranged)
-            code = f"_iv_load({at[0]}, ({''.join(emit(x) + ', ' for x in ar)}), {spans!r})"
+            spans = () if at_points else tuple(k for k, x in enumerate(ar) if x.free & ranged)
+            code = f"_iv_load({at[0]}, ({''.join(sub(x) + ', ' for x in ar)}), {spans!r})"
         elif op == "un":
-            code = f"_iv_un({at[0]!r}, {emit(ar[0])})"
+            code = f"_iv_un({at[0]!r}, {sub(ar[0])})"
         elif op == "bin":
-            code = f"_iv_bin({at[0]!r}, {emit(ar[0])}, {emit(ar[1])})"
+            code = f"_iv_bin({at[0]!r}, {sub(ar[0])}, {sub(ar[1])})"
         elif op == "where":
-            code = f"_iv_where({emit(ar[0])}, {emit(ar[1])}, {emit(ar[2])})"
+            code = f"_iv_where({sub(ar[0])}, {sub(ar[1])}, {sub(ar[2])})"
         elif op == "cast":
-            code = f"_iv_cast({at[0]!r}, {emit(ar[0])})"
+            code = f"_iv_cast({at[0]!r}, {sub(ar[0])})"
         else:
             raise ValueError(f"cannot classify blocks of {op}")
-        var = f"v{len(names)}"
+        var = f"v{len(lines)}"
         lines.append(f"{var} = {code}")
-        names[t] = var
+        memo[t] = var
         return var
 
     result = emit(table.pred)

@@ -33,8 +33,26 @@ def _iv_top(a, b=None):
 
 
 def _iv_const(value, device):
-    v = torch.tensor(float(value), dtype=torch.float64, device=device)
+    """A constant as a 0-d host tensor: operations take it as a scalar, with no copy to the device."""
+    v = torch.tensor(float(value), dtype=torch.float64)
     return v, v
+
+
+def _iv_blockwise(v, pos, block):
+    """A value computed at every position of one axis (dimension `pos`) summarized per block of `block`
+    positions: the least and greatest value in each block."""
+    lo, hi = torch.broadcast_tensors(*v)
+    n = lo.shape[pos]
+    if lo.dim() == 0 or n == 1:
+        return lo, hi
+    blocks = -(-n // block)
+    out = []
+    for x, fill, reduce in ((lo, math.inf, torch.amin), (hi, -math.inf, torch.amax)):
+        x = x.movedim(pos, -1)
+        if blocks * block != n:
+            x = torch.cat([x, x.new_full(x.shape[:-1] + (blocks * block - n,), fill)], -1)
+        out.append(reduce(x.reshape(x.shape[:-1] + (blocks, block)), -1).movedim(-1, pos))
+    return out[0], out[1]
 
 
 def _iv_truth(a):

@@ -65,11 +65,12 @@ class _Recording:
         self.allocs.append(("constant", t))
         return t
 
-    def derived(self, build, consts, tensors, t):
-        """A tensor each replay builds again from the call's tensors (a block table of their values)."""
+    def derived(self, build, tensors, t):
+        """A tensor each replay builds again, as build(*tensors), from the call's tensors (a block table of
+        their values)."""
         slots = tuple(next(n for n, b in enumerate(self.buffers) if b is x) for x in tensors)
         self.buffers.append(t)
-        self.allocs.append(("derived", (build, consts, slots)))
+        self.allocs.append(("derived", (build, slots)))
         return t
 
     def launched(self, compiled, grid, args, constexprs):
@@ -101,8 +102,8 @@ class _Recording:
                 elif kind == "constant":
                     bufs.append(what)
                 else:
-                    build, consts, slots = what
-                    bufs.append(build(*consts, *(bufs[s] for s in slots)))
+                    build, slots = what
+                    bufs.append(build(*(bufs[s] for s in slots)))
             for compiled, grid, template, tensors in launches:
                 args = template.copy()
                 for pos, slot, described in tensors:   # same signature: the recorded layout takes a descriptor
@@ -127,8 +128,39 @@ def _block_table(rec, build, consts, tensors):
                 _TABLES.clear()
             t = _TABLES[key] = build(*consts)
         return rec.constant(t) if rec is not None else t
-    t = build(*consts, *tensors)
-    return rec.derived(build, consts, tensors, t) if rec is not None else t
+    rebuild = functools.partial(_derived_table, build, consts)
+    t = rebuild(*tensors)
+    return rec.derived(rebuild, tensors, t) if rec is not None else t
+
+
+_GRAPHS = {}   # (builder, sizes, the tensors' layouts) -> (CUDA graph, its input copies, its table)
+
+
+def _derived_table(build, consts, *tensors):
+    """build(*consts, *tensors). On the GPU its few dozen small operations run as one CUDA graph, captured on
+    the first call and replayed on copies of the tensors: the table of a call is ready before the kernel of
+    the same stream reads it, and the next call on that stream overwrites it only after."""
+    device = tensors[0].device
+    if device.type != "cuda":
+        return build(*consts, *tensors)
+    key = (build, *consts, *((t.shape, t.stride(), t.dtype, device) for t in tensors))
+    entry = _GRAPHS.get(key)
+    if entry is None:
+        inputs = [t.clone() for t in tensors]
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):   # once outside the capture: lazy initializations do not belong in it
+            build(*consts, *inputs)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            table = build(*consts, *inputs)
+        entry = _GRAPHS[key] = (graph, inputs, table)
+    graph, inputs, table = entry
+    for copy, t in zip(inputs, tensors):
+        copy.copy_(t)
+    graph.replay()
+    return table
 
 
 def _empty(rec, shape, dtype, device):
@@ -231,17 +263,32 @@ def _launch(rec, kernel, grid, args, cfg, constexprs):
     """Launch a kernel; on the GPU keep the compiled kernel per argument specialization."""
     first = args[0].base if _is_descriptor(args[0]) else args[0]
     if first.device.type != "cuda" or not _replay_enabled():
-        kernel[grid](*args, **cfg)
+        _fitted(kernel, grid, args, cfg)
         return
     grid = tuple(grid) + (1,) * (3 - len(grid))
     key = (kernel, grid, *cfg.items(), *constexprs, *map(_specialization, args))
     compiled = _COMPILED.get(key)
     if compiled is None:
-        compiled = _COMPILED[key] = kernel[grid](*args, **cfg)
+        compiled = _COMPILED[key] = _fitted(kernel, grid, args, cfg)
     else:
         _run(compiled, grid, _current_stream(first.device), list(args) + list(constexprs))
     if rec is not None:
         rec.launched(compiled, grid, args, constexprs)
+
+
+def _fitted(kernel, grid, args, cfg):
+    """Launch (compiling where needed) with cfg; where the kernel needs more shared memory than the GPU has
+    (each pipeline stage buffers its loads, and a tile gathered from a table is large), with fewer stages."""
+    while True:
+        try:
+            return kernel[grid](*args, **cfg)
+        except _OUT_OF_RESOURCES:
+            if cfg.get("num_stages", 1) <= 1:
+                raise
+            cfg = dict(cfg, num_stages=cfg["num_stages"] - 1)
+
+
+_OUT_OF_RESOURCES = getattr(getattr(getattr(triton, "runtime", None), "errors", None), "OutOfResources", ())
 
 
 def _bind(sizes, name, x, want, dtype, first_name, first):
