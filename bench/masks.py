@@ -5,6 +5,7 @@
 For each mask (a mask_mod, sometimes with a score_mod or GQA), prefill at B = 1, D = 128:
 - `neptune`: neptune_eqsat.flex_attention with the callables, as a user calls it (its block lists come from the
   predicate: once per sizes for a mask of positions, at every call for one that reads a tensor);
+- `neptune_new_data`: the same with the mask's captured tensors written before every call (new data each batch);
 - `flex`: torch's FlexAttention under torch.compile with its block mask built once beforehand;
 - `flex_per_call`: the same with create_block_mask called on every call (as when the mask's data change);
 - `flex_flash`: FlexAttention's FlashAttention-4 backend (kernel_options={"BACKEND": "FLASH"}), where installed.
@@ -40,8 +41,9 @@ def documents(S, n, device, seed=0):
     return torch.repeat_interleave(torch.arange(n), lengths).to(device=device, dtype=torch.int32)
 
 
-def masks(S, device):
-    doc = documents(S, 8, device)
+def masks(S, device, doc=None):
+    """name -> (mask_mod, score_mod, kv heads); `doc` is the document id per position the document masks read."""
+    doc = documents(S, 8, device) if doc is None else doc
     side = int(math.isqrt(S))
     t3 = 16
     hw = int(math.isqrt(S // t3))
@@ -168,7 +170,15 @@ def flex_call(q, k, v, mask_mod, score_mod, per_call=False, backend=None):
     return lambda: compiled(q, k, v, score_mod=score_mod, block_mask=bm, enable_gqa=gqa, kernel_options=options)
 
 
-SYSTEMS = {"neptune": neptune_call, "flex": flex_call,
+def neptune_new_data_call(q, k, v, mask_mod, score_mod):
+    """neptune with the mask's tensors written before every call (new document ids every batch), so tables built
+    from their values are built again; the same as `neptune` for a mask of positions only."""
+    fn = neptune_call(q, k, v, mask_mod, score_mod)
+    data = [c.cell_contents for c in (mask_mod.__closure__ or ()) if isinstance(c.cell_contents, torch.Tensor)]
+    return lambda: ([t.add_(0) for t in data], fn())[1]
+
+
+SYSTEMS = {"neptune": neptune_call, "neptune_new_data": neptune_new_data_call, "flex": flex_call,
            "flex_per_call": lambda *a: flex_call(*a, per_call=True),
            "flex_flash": lambda *a: flex_call(*a, backend="FLASH")}
 
@@ -186,7 +196,7 @@ def main():
     ap.add_argument("--seqs", default="4096,16384")
     ap.add_argument("--dtypes", default="f16")
     ap.add_argument("--masks", default="")
-    ap.add_argument("--systems", default="neptune,flex,flex_per_call,flex_flash")
+    ap.add_argument("--systems", default="neptune,neptune_new_data,flex,flex_per_call,flex_flash")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--rep", type=int, default=200, help="timing: ms of repetitions (triton do_bench)")
     ap.add_argument("--out", default=os.environ.get("OUT", str(HERE / "results")))
@@ -242,7 +252,7 @@ def write(rows, systems, out_dir):
     (out_dir / "masks.json").write_text(json.dumps(rows, indent=1))
     head = "| mask | S | dtype | " + " | ".join(f"{s} ms" for s in systems) + " | flex / neptune | per call / neptune |"
     lines = [f"GPU: {rows[0]['gpu']}", "", head, "|" + "---|" * (head.count("|") - 1)]
-    ratios = {"flex": [], "flex_per_call": [], "flex_flash": []}
+    ratios = {"flex": [], "flex_per_call": [], "flex_flash": [], "neptune_new_data": []}
     for r in rows:
         ms = {s: r.get(s, {}).get("ms") for s in systems}
         cells = [f"{ms[s]:.3f}" if ms[s] else r.get(s, {}).get("error", "wrong")[:30] for s in systems]

@@ -6,6 +6,7 @@ dtypes, 16-byte alignment, device): the compiled kernels, their grids and intege
 every call with that signature, so later calls replay the launches with only the tensors changed.
 """
 import functools
+import weakref
 
 import torch
 import triton
@@ -137,13 +138,28 @@ _GRAPHS = {}   # (builder, sizes, the tensors' layouts) -> (CUDA graph, its inpu
 
 
 def _derived_table(build, consts, *tensors):
-    """build(*consts, *tensors). On the GPU its few dozen small operations run as one CUDA graph, captured on
-    the first call and replayed on copies of the tensors: the table of a call is ready before the kernel of
-    the same stream reads it, and the next call on that stream overwrites it only after."""
+    """build(*consts, *tensors), kept while those same tensors live unwritten (torch counts every in-place
+    write in a tensor's version; a write torch does not see, such as a custom kernel's, must bump it)."""
+    device = tensors[0].device
+    key = (build, *consts, *((t.shape, t.stride(), t.dtype, device) for t in tensors))
+    seen = _SEEN.get(key)
+    if seen is not None and all(ref() is t and t._version == version for (ref, version), t in zip(seen[0], tensors)):
+        return seen[1]   # the same tensors, not written to since (torch counts every in-place write)
+    table = _build_table(key, build, consts, tensors)
+    _SEEN[key] = ([(weakref.ref(t), t._version) for t in tensors], table)
+    return table
+
+
+_SEEN = {}   # the _GRAPHS key -> (weak refs to the tensors of the last build, their versions), its table
+
+
+def _build_table(key, build, consts, tensors):
+    """On the GPU the build's few dozen small operations run as one CUDA graph, captured on the first call and
+    replayed on copies of the tensors: the table of a call is ready before the kernel of the same stream
+    reads it, and the next build on that stream overwrites it only after."""
     device = tensors[0].device
     if device.type != "cuda":
         return build(*consts, *tensors)
-    key = (build, *consts, *((t.shape, t.stride(), t.dtype, device) for t in tensors))
     entry = _GRAPHS.get(key)
     if entry is None:
         inputs = [t.clone() for t in tensors]

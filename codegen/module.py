@@ -304,6 +304,7 @@ Plan:
 import functools
 import math
 import os
+import weakref
 
 import torch
 import triton

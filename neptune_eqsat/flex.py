@@ -236,13 +236,32 @@ def run_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, captur
     at run time, so a traced model may change any of them."""
     compiled = _module_for(plan, query, key, value)
     if captures:
-        captures = [(c if c.dtype in DTYPES else c.float()).to(query.device) for c in captures]
+        captures = [_as_kernel_input(c, query.device) for c in captures]
     compiled.check_indices(query, key, captures)
     if query.device.type != "cpu":
         return compiled.module.forward(query, key, value, *captures)
     _check_interpreter()
     with _triton_interpret(True):   # the interpreter reads the setting while it runs, too
         return compiled.module.forward(query, key, value, *captures)
+
+
+_CONVERTED: dict[int, tuple] = {}   # id of a captured tensor -> (weak ref, version, device, converted tensor)
+
+
+def _as_kernel_input(c: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A captured tensor as the kernel reads it: floats as they are, other dtypes (ids, flags) as fp32, on the
+    query's device. A conversion is kept while the tensor lives unchanged (same version), so the same input
+    object reaches the kernel call after call and tables built from its values can be reused."""
+    if c.dtype in DTYPES and c.device == device:
+        return c
+    hit = _CONVERTED.get(id(c))
+    if hit is not None and hit[0]() is c and hit[1] == c._version and hit[2] == device:
+        return hit[3]
+    out = (c if c.dtype in DTYPES else c.float()).to(device)
+    if len(_CONVERTED) > 1024:
+        _CONVERTED.clear()
+    _CONVERTED[id(c)] = (weakref.ref(c), c._version, device, out)
+    return out
 
 
 class _Compiled:

@@ -151,3 +151,36 @@ def test_nan_and_inf_constants_in_a_callable():
 
 CASES["nan_guard"] = (lambda s, b, h, q, kv: torch.where(s > 1e9, float("nan"), torch.where(kv > q, -math.inf, s)),
                       None)
+
+
+def test_document_ids_written_in_place_or_replaced_change_the_skipped_blocks():
+    """The key blocks a document mask visits are built from the ids; writing the ids in place (or capturing a
+    new tensor) must give the new documents' attention, never the old block lists. A row whose document is
+    absent from the keys (cross-attention) is fully masked: output 0."""
+    doc = torch.tensor([0] * 20 + [1] * 17 + [2] * 10)
+    kv_doc = torch.tensor([0] * 30 + [1] * 17)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == kv_doc[kv_idx]) & (q_idx >= kv_idx)
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, H, 47, 16, generator=g) for _ in range(3))
+
+    def check():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = torch_flex(q.double(), k.double(), v.double(),
+                              block_mask=create_block_mask(mask_mod, 1, H, 47, 47, device="cpu"))
+        got = flex_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), mask_mod=mask_mod).cpu()
+        assert torch.isfinite(got).all()
+        assert (got.double() - want).abs().max() < 1e-4
+        return got
+
+    first = check()
+    assert (first[0, :, 37:] == 0).all()   # document 2 has no keys
+    doc[5:25] = 1                          # written in place
+    kv_doc[:8] = 2
+    second = check()
+    assert not torch.allclose(first, second)
+    doc = torch.tensor([0] * 47)           # a new tensor behind the same name
+    check()
