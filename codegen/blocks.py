@@ -38,7 +38,8 @@ class BlockTable:
 def table_predicate(w, reds: list[Term]) -> Term | None:
     """The mask predicate of a pass to classify in blocks, or None: no mask, a mask of closed-form linear
     bounds, several masks, masked elements that do not give every reduction its identity (so an empty block
-    could not be skipped), or a predicate over axes that are neither rows, keys nor program indices."""
+    could not be skipped), a predicate over axes that are neither rows, keys nor program indices, or one that
+    reads an input per (row, key) element."""
     if w.row is None or w.loop is None or w.s.split:
         return None
     used = {m for r in reds for m in masks.mask_wheres(r, w.loop)}
@@ -48,6 +49,10 @@ def table_predicate(w, reds: list[Term]) -> Term | None:
     pred = next(iter(preds))
     closed_form = masks.key_bounds(pred, w.row, w.loop, lambda k: "x", "i_lo", "i_hi", "n") is not None
     if closed_form or not pred.free <= {w.row, w.loop, *w.s.grid}:
+        return None
+    # a value read per (row, key) element (a dense mask): its blocks would be classified at every call at the
+    # cost of reading it whole, only to be found partial (a block's hull of it is the whole tensor's)
+    if any(t.op == "load" and {w.row, w.loop} <= t.free for t in ir.walk(pred)):
         return None
     return pred if masks.skippable(reds, list(used), w.loop) else None
 

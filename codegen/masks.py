@@ -28,7 +28,12 @@ def is_index_predicate(c: Term, loop: str) -> bool:
 
 
 def mask_wheres(term: Term, loop: str) -> list[Term]:
-    return [t for t in ir.walk(term) if t.op == "where" and is_index_predicate(t.args[0], loop)]
+    """The wheres that mask: an index predicate choosing between a value and a constant (a condition that reads
+    inputs, such as a test of a partial result, masks only when it falls back to a constant)."""
+    def masks(t: Term) -> bool:
+        reads = any(x.op == "load" for x in ir.walk(t.args[0]))
+        return is_index_predicate(t.args[0], loop) and (not reads or t.args[2].op == "const")
+    return [t for t in ir.walk(term) if t.op == "where" and masks(t)]
 
 
 def linear(t: Term) -> dict | None:

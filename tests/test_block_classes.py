@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from hypothesis import given, settings, strategies as st
 
-from codegen import blocks, intervals
-from codegen.masks import _NP_BIN, _NP_UN
+from neptune_eqsat.codegen import blocks, intervals
+from neptune_eqsat.codegen.masks import _NP_BIN, _NP_UN
 from neptune_eqsat import ir
 
 H, N_DOC = 3, 23     # grid axis h, length of the captured 1-d tensor
