@@ -2,7 +2,8 @@
 
     python bench/masks.py [--seqs 4096,16384] [--dtypes f16,bf16] [--masks NAME,...] [--heads 32] [--out DIR]
 
-For each mask (a mask_mod, sometimes with a score_mod or GQA), prefill at B = 1, D = 128:
+For each mask (a mask_mod, sometimes with a score_mod or GQA), prefill at B = 1, D = 128, and decoding (1 and 4
+queries at the last positions, GQA 32/8) with the document mask:
 - `neptune`: neptune_eqsat.flex_attention with the callables, as a user calls it (its block lists come from the
   predicate: once per sizes for a mask of positions, at every call for one that reads a tensor);
 - `neptune_new_data`: the same with the mask's captured tensors written before every call (new data each batch);
@@ -42,7 +43,7 @@ def documents(S, n, device, seed=0):
 
 
 def masks(S, device, doc=None):
-    """name -> (mask_mod, score_mod, kv heads); `doc` is the document id per position the document masks read."""
+    """name -> (mask_mod, score_mod, kv heads[, query length: decode, else S]); `doc` is the document id per position the document masks read."""
     doc = documents(S, 8, device) if doc is None else doc
     side = int(math.isqrt(S))
     t3 = 16
@@ -99,7 +100,14 @@ def masks(S, device, doc=None):
     def softcap(score, b, h, i, j):
         return 30.0 * torch.tanh(score / 30.0)
 
+    def decoding(L):   # the last L positions as queries (q_idx counts from 0 in the query tensor)
+        def document_causal_decode(b, h, i, j):
+            return (doc[i + S - L] == doc[j]) & (i + S - L >= j)
+        return document_causal_decode
+
     return {
+        "document_causal_decode_q1": (decoding(1), None, 8, 1),
+        "document_causal_decode_q4": (decoding(4), None, 8, 4),
         "document_causal": (document_causal, None, 32),
         "document": (document, None, 32),
         "prefix_lm": (prefix_lm, None, 32),
@@ -140,9 +148,9 @@ def reference_rows(q, k, v, mask_mod, score_mod, rows, heads):
     return torch.stack(outs)
 
 
-def check(out, q, k, v, mask_mod, score_mod, S):
+def check(out, q, k, v, mask_mod, score_mod):
     g = torch.Generator(device="cpu").manual_seed(1)
-    rows = torch.randperm(S, generator=g)[:CHECK_ROWS].sort().values.to(q.device)
+    rows = torch.randperm(q.shape[2], generator=g)[:CHECK_ROWS].sort().values.to(q.device)
     heads = [0, q.shape[1] - 1]
     ref = reference_rows(q, k, v, mask_mod, score_mod, rows, heads)
     got = torch.stack([out[0, h, rows].double() for h in heads])
@@ -160,13 +168,13 @@ def neptune_call(q, k, v, mask_mod, score_mod):
 
 def flex_call(q, k, v, mask_mod, score_mod, per_call=False, backend=None):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    S, gqa = q.shape[2], q.shape[1] != k.shape[1]
+    L, S, gqa = q.shape[2], k.shape[2], q.shape[1] != k.shape[1]
     compiled = torch.compile(flex_attention, dynamic=False)
     options = {"BACKEND": backend} if backend else None
     if per_call:
         return lambda: compiled(q, k, v, score_mod=score_mod, enable_gqa=gqa, kernel_options=options,
-                                block_mask=create_block_mask(mask_mod, None, None, S, S, device=q.device))
-    bm = create_block_mask(mask_mod, None, None, S, S, device=q.device)
+                                block_mask=create_block_mask(mask_mod, None, None, L, S, device=q.device))
+    bm = create_block_mask(mask_mod, None, None, L, S, device=q.device)
     return lambda: compiled(q, k, v, score_mod=score_mod, block_mask=bm, enable_gqa=gqa, kernel_options=options)
 
 
@@ -213,11 +221,11 @@ def main():
         dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dt]
         for S in map(int, a.seqs.split(",")):
             table = masks(S, device)
-            for mask_name, (mask_mod, score_mod, hkv) in table.items():
+            for mask_name, (mask_mod, score_mod, hkv, *rows) in table.items():
                 if a.masks and mask_name not in a.masks.split(","):
                     continue
                 g = torch.Generator(device=device).manual_seed(S)
-                q = torch.randn(1, a.heads, S, D, device=device, dtype=dtype, generator=g)
+                q = torch.randn(1, a.heads, rows[0] if rows else S, D, device=device, dtype=dtype, generator=g)
                 k = torch.randn(1, hkv, S, D, device=device, dtype=dtype, generator=g)
                 v = torch.randn(1, hkv, S, D, device=device, dtype=dtype, generator=g)
                 row = {"gpu": name, "mask": mask_name, "S": S, "dtype": dt}
@@ -228,7 +236,7 @@ def main():
                         out = fn()
                         torch.cuda.synchronize()
                         first = time.perf_counter() - t0
-                        err, ok = check(out, q, k, v, mask_mod, score_mod, S)
+                        err, ok = check(out, q, k, v, mask_mod, score_mod)
                         del out
                         ms = triton.testing.do_bench(fn, warmup=25, rep=a.rep, return_mode="median") if ok else None
                         row[system] = {"ms": ms, "err": err, "ok": ok, "first_s": round(first, 2)}

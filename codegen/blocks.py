@@ -40,7 +40,7 @@ def table_predicate(w, reds: list[Term]) -> Term | None:
     bounds, several masks, masked elements that do not give every reduction its identity (so an empty block
     could not be skipped), a predicate over axes that are neither rows, keys nor program indices, or one that
     reads an input per (row, key) element."""
-    if w.row is None or w.loop is None or w.s.split:
+    if w.row is None or w.loop is None:
         return None
     used = {m for r in reds for m in masks.mask_wheres(r, w.loop)}
     preds = {m.args[0] for m in used}
@@ -162,8 +162,15 @@ def kernel_lines(table: BlockTable, w) -> tuple[list[str], list[str], list[str]]
              f"{p}_row = ({flat}) * (({w.ext(w.row)} + {br} - 1) // {br}) + pid_row",
              f"{p}_at = {p}_ptr + {p}_row.to(tl.int64) * (2 * n_kb + 2)",
              f"{p}_partial = tl.load({p}_at)", f"{p}_full = tl.load({p}_at + n_kb + 1)"]
-    partial = [f"for blk in range(0, {p}_partial):", f"    start = tl.load({p}_at + 1 + blk) * {bj}"]
-    full = [f"for blk in range(0, {p}_full):", f"    start = tl.load({p}_at + n_kb + 2 + blk) * {bj}"]
+    ranges = {"partial": ("0", f"{p}_partial"), "full": ("0", f"{p}_full")}
+    if w.s.split:   # split over the key axis: each chunk program takes its share of each list
+        for kind in ranges:
+            lines += [f"{p}_{kind}_share = ({p}_{kind} + tl.num_programs(2) - 1) // tl.num_programs(2)",
+                      f"{p}_{kind}_lo = tl.minimum(pid_chunk * {p}_{kind}_share, {p}_{kind})",
+                      f"{p}_{kind}_hi = tl.minimum({p}_{kind}_lo + {p}_{kind}_share, {p}_{kind})"]
+            ranges[kind] = (f"{p}_{kind}_lo", f"{p}_{kind}_hi")
+    partial = [f"for blk in range({', '.join(ranges['partial'])}):", f"    start = tl.load({p}_at + 1 + blk) * {bj}"]
+    full = [f"for blk in range({', '.join(ranges['full'])}):", f"    start = tl.load({p}_at + n_kb + 2 + blk) * {bj}"]
     return lines, partial, full
 
 

@@ -459,7 +459,12 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
     helpers = gluon_imports = ""
     if sched.split:
         kernels, w, launch, dims_used = _split_parts(sched, name, inputs, out_alloc, gpu, cpu)
-        helpers = (inspect.getsource(split_count) + "\n\n_chunk_counts = functools.lru_cache(maxsize=4096)(split_count)\n\n\n"
+        tables = list(dict.fromkeys(w.tables.values()))
+        if tables:   # built before the partial-results kernel launches (the line allocating the output)
+            at = launch.index(out_alloc)
+            launch[at + 1:at + 1] = [blocks.builder_call(t, w, "kernel_cfg") for t in tables]
+            helpers = blocks.runtime_source() + "\n\n" + "\n\n".join(blocks.builder_source(t, w) for t in tables) + "\n\n"
+        helpers += (inspect.getsource(split_count) + "\n\n_chunk_counts = functools.lru_cache(maxsize=4096)(split_count)\n\n\n"
                    "def _program_slots(device):\n"
                    "    return _sm_count(device) if device.type == \"cuda\" else 4\n\n")
     else:

@@ -184,3 +184,25 @@ def test_document_ids_written_in_place_or_replaced_change_the_skipped_blocks():
     assert not torch.allclose(first, second)
     doc = torch.tensor([0] * 47)           # a new tensor behind the same name
     check()
+
+
+@pytest.mark.parametrize("L", [1, 3])
+def test_decoding_with_a_document_mask_visits_the_listed_blocks_in_every_chunk(L):
+    """Decode runs split over the keys: each chunk program takes its share of the row block's listed key blocks
+    (the blocks of the query's document); the combine must give FlexAttention's result, GQA included."""
+    S = 150
+    doc = torch.tensor([0] * 50 + [1] * 75 + [2] * 25)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        at = q_idx + S - L
+        return (doc[at] == doc[kv_idx]) & (at >= kv_idx)
+
+    g = torch.Generator().manual_seed(L)
+    q = torch.randn(1, H, L, 16, generator=g)
+    k, v = (torch.randn(1, HKV, S, 16, generator=g) for _ in range(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = torch_flex(q.double(), k.double(), v.double(), enable_gqa=True,
+                          block_mask=create_block_mask(mask_mod, 1, H, L, S, device="cpu"))
+    got = flex_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), mask_mod=mask_mod, enable_gqa=True).cpu()
+    assert (got.double() - want).abs().max() < 1e-4
