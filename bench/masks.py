@@ -221,11 +221,11 @@ def main():
         dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dt]
         for S in map(int, a.seqs.split(",")):
             table = masks(S, device)
-            for mask_name, (mask_mod, score_mod, hkv, *rows) in table.items():
+            for mask_name, (mask_mod, score_mod, hkv, *decode) in table.items():
                 if a.masks and mask_name not in a.masks.split(","):
                     continue
                 g = torch.Generator(device=device).manual_seed(S)
-                q = torch.randn(1, a.heads, rows[0] if rows else S, D, device=device, dtype=dtype, generator=g)
+                q = torch.randn(1, a.heads, decode[0] if decode else S, D, device=device, dtype=dtype, generator=g)
                 k = torch.randn(1, hkv, S, D, device=device, dtype=dtype, generator=g)
                 v = torch.randn(1, hkv, S, D, device=device, dtype=dtype, generator=g)
                 row = {"gpu": name, "mask": mask_name, "S": S, "dtype": dt}

@@ -33,8 +33,8 @@ def _iv_top(a, b=None):
 
 
 def _iv_const(value, device):
-    """A constant as a 0-d host tensor: operations take it as a scalar, with no copy to the device."""
-    v = torch.tensor(float(value), dtype=torch.float64)
+    """A constant, filled on the device (a copy from the host could not be captured in a CUDA graph)."""
+    v = torch.full((), float(value), dtype=torch.float64, device=device)
     return v, v
 
 
@@ -212,7 +212,7 @@ def _iv_load(t, index, ranged):
     for d, lo, hi in gathered:
         if d != table_dim:
             exact = exact & (lo == hi)
-    everywhere = (t.amin(), t.amax()) if t.numel() else (torch.tensor(math.inf), torch.tensor(-math.inf))
+    everywhere = (t.amin(), t.amax()) if t.numel() else (t.new_full((), math.inf), t.new_full((), -math.inf))
     if table_dim is None:
         return (torch.where(exact, lows.reshape(-1)[flat], everywhere[0]),
                 torch.where(exact, highs.reshape(-1)[flat], everywhere[1]))
