@@ -174,6 +174,19 @@ def kernel_lines(table: BlockTable, w) -> tuple[list[str], list[str], list[str]]
     return lines, partial, full
 
 
+def _entries(table: BlockTable, w) -> tuple[str, str]:
+    """(key blocks, table entries): the row block lists of each grid value the predicate reads."""
+    n_kb = f"(({w.ext(w.loop)} + {w.block(w.loop)} - 1) // {w.block(w.loop)})"
+    n_rb = f"(({w.ext(w.row)} + {w.block(w.row)} - 1) // {w.block(w.row)})"
+    return n_kb, " * ".join([w.ext(g) for g in table.grid_axes] + [n_rb])
+
+
+def order_lines(table: BlockTable, w) -> list[str]:
+    """The program's row block, read from the order after the lists (see intervals._block_lists)."""
+    n_kb, entries = _entries(table, w)
+    return [f"pid_row = tl.load({table.param}_ptr + ({entries}) * (2 * {n_kb} + 2) + tl.program_id(1))"]
+
+
 def runtime_source() -> str:
     """The interval runtime (intervals.py) without its module header and imports."""
     text = (Path(__file__).parent / "intervals.py").read_text()

@@ -260,12 +260,16 @@ def _iv_classes(pred, shape, n_keys, block_keys, key_pos):
 
 def _block_lists(cls):
     """Per (program's table entry, row block): the partial key blocks, then the full ones, as
-    [count, block indices ascending...] rows of int32 (a [entries, 2, key blocks + 1] tensor)."""
-    n_kb = cls.shape[-1]
+    [count, block indices ascending...] rows of int32 (a [entries, 2, key blocks + 1] block), followed by the
+    row blocks in order of decreasing work summed over the entries (the order programs start in, so the
+    longest run first and the last wave is short), flat."""
+    n_rb, n_kb = cls.shape[-2], cls.shape[-1]
     cls = cls.reshape(-1, n_kb)
     out = torch.zeros(cls.shape[0], 2, n_kb + 1, dtype=torch.int32, device=cls.device)
     for slot, kind in ((0, 1), (1, 2)):
         hit = cls == kind
         out[:, slot, 0] = hit.sum(-1, dtype=torch.int32)
         out[:, slot, 1:] = torch.sort((~hit).to(torch.int8), dim=-1, stable=True).indices.to(torch.int32)
-    return out
+    work = (out[:, 0, 0] + out[:, 1, 0]).reshape(-1, n_rb).sum(0)
+    order = torch.sort(-work, stable=True).indices.to(torch.int32)
+    return torch.cat([out.reshape(-1), order])

@@ -116,7 +116,13 @@ def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, c
     w.stream = bool(partials)
     spec, loop, row = sched.spec, sched.loop, sched.row
     head: list[str] = []
-    if row and not tile:
+    first_table = _table(w, 0, sched.in_pass(0)) if row and loop and not tile and not partials else None
+    if first_table is not None:
+        # row blocks in the order the table lists them (most key blocks first): pid_row comes from program
+        # axis 1, which the GPU walks last, so every head's longest row blocks start first
+        w.ordered_rows = True
+        head += ["pid_grid = tl.program_id(0)"] + blocks.order_lines(first_table, w)
+    elif row and not tile:
         b = _bounds(w, sched.reductions) if loop else None
         if b is not None and b.work_grows and not partials:
             # later row blocks see more keys: run the longest first, so the last wave is short (ROW_ORDER 1,
@@ -136,7 +142,7 @@ def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, c
             head += ["pid_row = tl.num_programs(0) - 1 - tl.program_id(0)"]
         else:
             head += ["pid_row = tl.program_id(0)"]
-    if not tile and not w.row_order:
+    if not tile and not w.row_order and first_table is None:
         head += ["pid_grid = tl.program_id(1)"]
     head += grid_index_lines(w, sched)
     for a in w.tile_axes:
@@ -478,6 +484,8 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
         if w.row_order:
             gpu["ROW_ORDER"] = cpu["ROW_ORDER"] = 1
             grid = f"({rest}, {rows}) if cfg['ROW_ORDER'] == 2 else ({rows}, {rest})"
+        elif w.ordered_rows:
+            grid = f"{rest}, {rows}"
         tables = list(dict.fromkeys(w.tables.values()))
         launch = [out_alloc] + [blocks.builder_call(t, w, "cfg") for t in tables] + \
             _descriptor_lines(w, "cfg") + _launch(w, grid, "cfg")

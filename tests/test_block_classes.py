@@ -68,9 +68,13 @@ def classify(pred: ir.Term, L: int, S: int, bm: int, bn: int, tensors: dict) -> 
     exec(blocks.runtime_source() + "\n" + blocks.builder_source(table, WRITER), scope)
     used = [tensors[n] for n in table.tensors]
     lists = scope["build"](bm, bn, torch.device("cpu"), *[{"L": L, "S": S}[s] for s in _sizes(table)], *used)
-    n_kb = -(-S // bn)
-    cls = np.zeros((lists.shape[0], n_kb), dtype=np.int64)
-    for row, entry in enumerate(lists.numpy()):
+    n_kb, n_rb = -(-S // bn), -(-L // bm)
+    entries = (H if grid else 1) * n_rb
+    flat = lists.numpy()
+    order = flat[entries * 2 * (n_kb + 1):]
+    assert sorted(order) == list(range(n_rb))   # every row block once, in the order programs take them
+    cls = np.zeros((entries, n_kb), dtype=np.int64)
+    for row, entry in enumerate(flat[:entries * 2 * (n_kb + 1)].reshape(entries, 2, n_kb + 1)):
         for slot, kind in ((0, 1), (1, 2)):
             cls[row, entry[slot, 1:1 + entry[slot, 0]]] = kind
     return cls.reshape((H if grid else 1), -(-L // bm), n_kb)
