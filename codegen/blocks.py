@@ -181,10 +181,11 @@ def _entries(table: BlockTable, w) -> tuple[str, str]:
     return n_kb, " * ".join([w.ext(g) for g in table.grid_axes] + [n_rb])
 
 
-def order_lines(table: BlockTable, w) -> list[str]:
-    """The program's row block, read from the order after the lists (see intervals._block_lists)."""
+def order_code(table: BlockTable, w) -> str:
+    """The row block of the program whose rank is program axis {0}, read from the order after the lists (see
+    intervals._block_lists)."""
     n_kb, entries = _entries(table, w)
-    return [f"pid_row = tl.load({table.param}_ptr + ({entries}) * (2 * {n_kb} + 2) + tl.program_id(1))"]
+    return f"tl.load({table.param}_ptr + ({entries}) * (2 * {n_kb} + 2) + tl.program_id({{}}))"
 
 
 def runtime_source() -> str:

@@ -101,7 +101,6 @@ class KernelWriter:
         self.streamed = False              # did any load take the STREAM switch
         self.f32_dot = False               # does a matrix product take fp32 operands (precision F32_DOT)
         self.tables: dict[Term, object] = {}   # classified mask predicate -> its BlockTable (blocks.py)
-        self.ordered_rows = False          # do programs take their row block from the table's order
         self.dims = sorted({t.attrs[0] for t in ir.walk(sched.term) if t.op == "dim"} |
                            {e.name for e in self._extents() if not isinstance(e, int)})
 

@@ -206,3 +206,29 @@ def test_decoding_with_a_document_mask_visits_the_listed_blocks_in_every_chunk(L
                           block_mask=create_block_mask(mask_mod, 1, H, L, S, device="cpu"))
     got = flex_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), mask_mod=mask_mod, enable_gqa=True).cpu()
     assert (got.double() - want).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("row_order", [0, 1, 2])
+def test_every_row_order_of_a_listed_mask_gives_the_same_attention(row_order):
+    """Programs may take row blocks in the table's order of decreasing work, per head or across heads
+    (ROW_ORDER 1, 2) or in their natural order (0): each row block is computed once whatever the order."""
+    from neptune_eqsat import flex
+    doc = torch.tensor([0] * 30 + [1] * 25 + [2] * 15)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx) | (kv_idx < 3)
+
+    g = torch.Generator().manual_seed(row_order)
+    q, k, v = (torch.randn(1, 2, 70, 16, generator=g) for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = torch_flex(q.double(), k.double(), v.double(),
+                          block_mask=create_block_mask(mask_mod, 1, 2, 70, 70, device="cpu"))
+    q, k, v = (x.to(DEVICE) for x in (q, k, v))
+    flex_attention(q, k, v, mask_mod=mask_mod)
+    compiled = flex._module_for(flex._plan(mask_mod=mask_mod, score_mod=None, scale=None, enable_gqa=False), q, k, v)
+    assert "ROW_ORDER" in compiled.module.CONFIG
+    capture = flex._as_kernel_input(doc, q.device)
+    with flex._triton_interpret(q.device.type == "cpu"):
+        got = compiled.module.forward(q, k, v, capture, config={"ROW_ORDER": row_order}).cpu()
+    assert (got.double() - want).abs().max() < 1e-4
