@@ -262,7 +262,7 @@ def _block_lists(cls):
     """Per (program's table entry, row block): the partial key blocks, then the full ones, as
     [count, block indices ascending...] rows of int32 (a [entries, 2, key blocks + 1] block), followed by the
     row blocks in order of decreasing work summed over the entries (the order programs start in, so the
-    longest run first and the last wave is short), flat."""
+    longest run first and the last wave is short), then whether that work is skewed, flat."""
     n_rb, n_kb = cls.shape[-2], cls.shape[-1]
     cls = cls.reshape(-1, n_kb)
     out = torch.zeros(cls.shape[0], 2, n_kb + 1, dtype=torch.int32, device=cls.device)
@@ -272,4 +272,6 @@ def _block_lists(cls):
         out[:, slot, 1:] = torch.sort((~hit).to(torch.int8), dim=-1, stable=True).indices.to(torch.int32)
     work = (out[:, 0, 0] + out[:, 1, 0]).reshape(-1, n_rb).sum(0)
     order = torch.sort(-work, stable=True).indices.to(torch.int32)
-    return torch.cat([out.reshape(-1), order])
+    # last: 1 where a few row blocks hold most of the work (global tokens: their row sees every key)
+    skewed = (work.max() > 4 * work.float().mean()).to(torch.int32).reshape(1)
+    return torch.cat([out.reshape(-1), order, skewed])

@@ -134,6 +134,23 @@ def _block_table(rec, build, consts, tensors):
     return rec.derived(rebuild, tensors, t) if rec is not None else t
 
 
+_SKEWED = {}   # id of a table of positions only -> (the table, whether a few row blocks hold most of its work)
+
+
+def _row_order(table, cfg, config):
+    """The row order of a listed mask's programs: the config's where it names one; across heads (2) where a
+    few row blocks of a table of positions only hold most of the work, so they start first in every head
+    (read from the table once per table: the only wait for the GPU it costs); else the default."""
+    if config and "ROW_ORDER" in config or table is None:
+        return cfg["ROW_ORDER"]
+    hit = _SKEWED.get(id(table))
+    if hit is None or hit[0] is not table:
+        if len(_SKEWED) > 256:
+            _SKEWED.clear()
+        hit = _SKEWED[id(table)] = (table, bool(table[-1].item()))
+    return 2 if hit[1] else cfg["ROW_ORDER"]
+
+
 _GRAPHS = {}   # (builder, sizes, the tensors' layouts) -> (CUDA graph, its input copies, its table)
 
 

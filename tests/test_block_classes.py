@@ -71,7 +71,7 @@ def classify(pred: ir.Term, L: int, S: int, bm: int, bn: int, tensors: dict) -> 
     n_kb, n_rb = -(-S // bn), -(-L // bm)
     entries = (H if grid else 1) * n_rb
     flat = lists.numpy()
-    order = flat[entries * 2 * (n_kb + 1):]
+    order = flat[entries * 2 * (n_kb + 1):-1]
     assert sorted(order) == list(range(n_rb))   # every row block once, in the order programs take them
     cls = np.zeros((entries, n_kb), dtype=np.int64)
     for row, entry in enumerate(flat[:entries * 2 * (n_kb + 1)].reshape(entries, 2, n_kb + 1)):
@@ -168,3 +168,24 @@ def test_a_range_minimum_query_answers_intervals_of_any_length():
         for k in range(4):
             seg = t[r, int(lo[0, k]):int(hi[0, k]) + 1]
             assert got_lo[r, k] == seg.min() and got_hi[r, k] == seg.max()
+
+
+def _built(pred: ir.Term, L: int, S: int, bm: int, bn: int, tensors: dict) -> np.ndarray:
+    table = blocks.BlockTable(pred, "blocks0", "build", ())
+    scope: dict = {"torch": torch, "math": __import__("math")}
+    exec(blocks.runtime_source() + "\n" + blocks.builder_source(table, WRITER), scope)
+    return scope["build"](bm, bn, torch.device("cpu"), *[{"L": L, "S": S}[s] for s in _sizes(table)],
+                          *[tensors[n] for n in table.tensors]).numpy()
+
+
+def test_the_row_order_starts_with_the_most_work_and_flags_skew():
+    """Global tokens: the first row block sees every key, the others a band: it comes first in the order, and
+    the work is flagged skewed (programs then start it in every head first); a band alone is not skewed."""
+    i, j = ir.axis("i"), ir.axis("j")
+    band = ir.bin("le", ir.un("abs", ir.bin("sub", i, j)), ir.const(8))
+    tokens = ir.bin("or", ir.bin("or", ir.bin("lt", i, ir.const(4)), ir.bin("lt", j, ir.const(4))), band)
+    n_rb = n_kb = 32
+    flat = _built(tokens, 512, 512, 16, 16, {})
+    order, skewed = flat[n_rb * 2 * (n_kb + 1):-1], flat[-1]
+    assert order[0] == 0 and skewed == 1
+    assert _built(band, 512, 512, 16, 16, {})[-1] == 0
