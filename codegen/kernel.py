@@ -197,6 +197,8 @@ class KernelWriter:
             return self.emit(ar[0], prev=True)
         if op == "cast":
             x = self.emit(ar[0], prev)
+            if ar[0].op == "const":   # a Python number has no .to
+                return Val(self.put(blk, f"tl.full([], {x.code}, {TL_DTYPE[at[0]]})"), (), at[0])
             return Val(self.put(blk, f"{x.code}.to({TL_DTYPE[at[0]]})"), x.axes, at[0])
         if op == "un":
             x = self.emit(ar[0], prev)
@@ -334,11 +336,14 @@ class KernelWriter:
         if body.op != "bin" or body.attrs[0] != "mul":
             return None
         tiles = set(self.tile_axes)
+        found = []
         for a, b in (body.args, body.args[::-1]):
             fa, fb = (a.free & tiles) - {k}, (b.free & tiles) - {k}
             if k in a.free and k in b.free and len(fa) == 1 and len(fb) == 1 and fa != fb:
-                return a, b, next(iter(fa)), next(iter(fb))
-        return None
+                found.append((a, b, next(iter(fa)), next(iter(fb))))
+        # the operands in the order whose product has the result's layout (v * p as well as p * v)
+        found.sort(key=lambda f: self.canon((f[2], f[3])) != (f[2], f[3]))
+        return found[0] if found else None
 
     def dot_operands(self, body: Term, k: str, prev: bool, zero_invalid: bool, blk: str | None = None):
         a, b, x, y = self.contraction(body, k)

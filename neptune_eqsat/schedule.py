@@ -63,8 +63,37 @@ def _top_refs(r: Term, loop: str) -> list[Term]:
     return out
 
 
+def _apart(spec: Spec, term: Term, axes: set[str]) -> Term:
+    """The term with each reduction over one of `axes` (output axes reduced within a tile, as in
+    `o / sqrt(sum(e, o * o))` over output axis e) reducing over a copy of its axis: the kernel holds the free e
+    and the bound e as two tiles, which need two names."""
+    memo: dict[Term, Term] = {}
+
+    def go(x: Term) -> Term:
+        if x in memo:
+            return memo[x]
+        y = ir.Term(x.op, x.attrs, tuple(go(a) for a in x.args), x.origin) if x.args else x
+        if ir.is_reduction(y) and y.attrs[1] in axes:
+            ax = y.attrs[1]
+            copies = spec.__dict__.setdefault("_axis_copies", {})   # one copy per axis, however often scheduled
+            if ax not in copies:
+                copies[ax] = next(f"{ax}{n}" for n in range(2, 1 << 20) if f"{ax}{n}" not in spec.axes_)
+                spec.axes_[copies[ax]] = spec.axes_[ax]
+            copy = copies[ax]
+            y = ir.Term(y.op, (y.attrs[0], copy) + y.attrs[2:],
+                        tuple(ir.substitute(a, {ir.axis(ax): ir.axis(copy)}) for a in y.args), y.origin)
+        memo[x] = y
+        return y
+
+    return go(term)
+
+
 def schedule(spec: Spec, term: Term) -> Schedule:
     reds = [t for t in ir.walk(term) if ir.is_reduction(t)]
+    shadowed = {t.attrs[1] for t in reds if t.attrs[1] in spec.output_axes and not _is_large(spec.extent(t.attrs[1]))}
+    if shadowed:
+        term = _apart(spec, term, shadowed)
+        reds = [t for t in ir.walk(term) if ir.is_reduction(t)]
     loop_axes = sorted({t.attrs[1] for t in reds if _is_large(spec.extent(t.attrs[1]))})
     if len(loop_axes) > 1:
         raise SpecError(f"spec {spec.name}: reductions over several long axes {loop_axes}; one kernel loops over "

@@ -158,3 +158,14 @@ def test_a_label_gather_reads_labels_drawn_in_range():
     assert torch.equal(labels, labels.round()) and labels.min() >= 0 and labels.max() < 45
     assert len(set(labels.tolist())) > 1
     assert_close(path, {"R": 7, "V": 45}, seed=1)
+
+
+@pytest.mark.parametrize("name, sizes", [("sigmoid_attention", {"B": 1, "S": 37}),
+                                         ("attention_rmsnorm", {"B": 2, "S": 29})])
+def test_attention_variants_fuse_into_one_pass_and_match_float64(name, sizes):
+    """Sigmoid attention (no normalizer, the value written first in the product) and attention followed by an
+    RMSNorm over its own output axis (a reduction over e inside a value over e) plan one pass over the keys
+    and compute what the spec says: both were refused with internal layout errors before."""
+    result = optimize(SPECS / f"{name}.py")
+    assert result.chosen.sched.passes == 1   # one pass over the keys (sigmoid attention needs no rolling)
+    assert_close(str(SPECS / f"{name}.py"), sizes, seed=3)
