@@ -11,8 +11,8 @@ queries at the last positions, GQA 32/8) with the document mask:
 - `flex_per_call`: the same with create_block_mask called on every call (as when the mask's data change);
 - `flex_flash`: FlexAttention's FlashAttention-4 backend (kernel_options={"BACKEND": "FLASH"}), where installed.
 Every output is checked against float64 attention on a sample of rows and heads. Needs a CUDA GPU and the
-compiler (egglog) beside torch and triton. Writes masks.json and masks.md to --out (default $OUT or
-bench/results).
+compiler (egglog) beside torch and triton. Writes masks.json, masks.md and masks.png (where matplotlib
+imports) to --out (default $OUT or bench/results).
 """
 from __future__ import annotations
 
@@ -208,7 +208,12 @@ def main():
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--rep", type=int, default=200, help="timing: ms of repetitions (triton do_bench)")
     ap.add_argument("--out", default=os.environ.get("OUT", str(HERE / "results")))
+    ap.add_argument("--replot", default="", help="only draw masks.png from DIR/masks.json")
     a = ap.parse_args()
+    if a.replot:
+        print("wrote masks.png" if plot(json.loads((Path(a.replot) / "masks.json").read_text()), Path(a.replot))
+              else "matplotlib is missing")
+        return
     import triton.testing
     torch._dynamo.config.recompile_limit = 1 << 16   # one FlexAttention compile per mask and shape, all kept
     torch._dynamo.config.accumulated_recompile_limit = 1 << 16
@@ -258,9 +263,11 @@ def line(row, systems):
 
 def write(rows, systems, out_dir):
     (out_dir / "masks.json").write_text(json.dumps(rows, indent=1))
-    head = "| mask | S | dtype | " + " | ".join(f"{s} ms" for s in systems) + " | flex / neptune | per call / neptune |"
+    head = "| mask | S | dtype | " + " | ".join(f"{s} ms" for s in systems) + \
+        " | flex / neptune | per call / neptune | per call / neptune new data |"
     lines = [f"GPU: {rows[0]['gpu']}", "", head, "|" + "---|" * (head.count("|") - 1)]
-    ratios = {"flex": [], "flex_per_call": [], "flex_flash": [], "neptune_new_data": []}
+    ratios = {"flex": [], "flex_per_call": [], "flex_flash": [], "neptune_new_data": [],
+              "flex_per_call / neptune_new_data": []}
     for r in rows:
         ms = {s: r.get(s, {}).get("ms") for s in systems}
         cells = [f"{ms[s]:.3f}" if ms[s] else r.get(s, {}).get("error", "wrong")[:30] for s in systems]
@@ -269,14 +276,49 @@ def write(rows, systems, out_dir):
             if ms.get(s) and ms.get("neptune"):
                 rel[s] = ms[s] / ms["neptune"]
                 ratios[s].append(rel[s])
+        both = ms.get("flex_per_call") and ms.get("neptune_new_data")   # both build their block lists per call
+        if both:
+            ratios["flex_per_call / neptune_new_data"].append(ms["flex_per_call"] / ms["neptune_new_data"])
         lines.append(f"| {r['mask']} | {r['S']} | {r['dtype']} | " + " | ".join(cells) +
-                     f" | {rel.get('flex', float('nan')):.2f} | {rel.get('flex_per_call', float('nan')):.2f} |")
+                     f" | {rel.get('flex', float('nan')):.2f} | {rel.get('flex_per_call', float('nan')):.2f} | "
+                     f"{ms['flex_per_call'] / ms['neptune_new_data'] if both else float('nan'):.2f} |")
     lines.append("")
     for s, xs in ratios.items():
         if xs:
-            lines.append(f"{s} / neptune: geomean {math.exp(sum(map(math.log, xs)) / len(xs)):.3f}, "
+            lines.append(f"{s if '/' in s else s + ' / neptune'}: geomean {math.exp(sum(map(math.log, xs)) / len(xs)):.3f}, "
                          f"min {min(xs):.3f} over {len(xs)} cases")
     (out_dir / "masks.md").write_text("\n".join(lines) + "\n")
+    plot(rows, out_dir)
+
+
+def plot(rows, out_dir) -> bool:
+    """masks.png: each system's time over neptune's per mask (above 1: neptune is faster), one panel per
+    sequence length; False where matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    seqs = sorted({r["S"] for r in rows})
+    others = [s for s in ("flex", "flex_flash", "flex_per_call") if any(r.get(s, {}).get("ms") for r in rows)]
+    fig, axes = plt.subplots(len(seqs), 1, figsize=(12, 4 * len(seqs)), squeeze=False)
+    for ax, S in zip(axes[:, 0], seqs):
+        here = [r for r in rows if r["S"] == S and r.get("neptune", {}).get("ms")]
+        for n, s in enumerate(others):
+            xs = [k + n * 0.8 / len(others) for k in range(len(here))]
+            ys = [r[s]["ms"] / r["neptune"]["ms"] if r.get(s, {}).get("ms") else 0 for r in here]
+            ax.bar(xs, ys, width=0.8 / len(others), label=f"{s} / neptune")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(here)), [f"{r['mask']} ({r['dtype']})" for r in here], rotation=60, ha="right",
+                      fontsize=7)
+        ax.set_title(f"S = {S}, {rows[0]['gpu']}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "masks.png", dpi=110)
+    plt.close(fig)
+    return True
 
 
 if __name__ == "__main__":
