@@ -28,6 +28,10 @@ RULES = [
              lambda o, a, b, c: o.bin("mul", o.bin("mul", a, c), b), 3),
     identity("mul-commute", F, "a * b = b * a",
              lambda o, a, b: o.bin("mul", a, b), lambda o, a, b: o.bin("mul", b, a), 2),
+    identity("div-regroup", F, "(a / c) * b = (a * b) / c: a divisor moves to the outside of a product (where a "
+             "reduction can take it out)",
+             lambda o, a, b, c: o.bin("mul", o.bin("div", a, c), b),
+             lambda o, a, b, c: o.bin("div", o.bin("mul", a, b), c), 3),
 ]
 
 

@@ -169,3 +169,24 @@ def test_attention_variants_fuse_into_one_pass_and_match_float64(name, sizes):
     result = optimize(SPECS / f"{name}.py")
     assert result.chosen.sched.passes == 1   # one pass over the keys (sigmoid attention needs no rolling)
     assert_close(str(SPECS / f"{name}.py"), sizes, seed=3)
+
+
+def test_the_plan_does_not_depend_on_where_the_normalizer_is_written(tmp_path):
+    """sum_j (exp(x - m) / l) * x rolls into one pass like sum_j exp(x - m) * x / l: div-regroup moves the
+    divisor out of the product, where the reduction rules take it out of the sum."""
+    body = {"inside": "(exp(x[r, j] - m) / l) * x[r, j]", "outside": "exp(x[r, j] - m) * x[r, j] / l"}
+    passes = {}
+    for where, term in body.items():
+        path = tmp_path / f"weighted_{where}.py"
+        path.write_text("from neptune_eqsat.spec import *\n\n"
+                        f"spec = Spec('weighted_{where}')\n"
+                        "R, N = spec.dims(R=64, N=32768)\n"
+                        "r, j = spec.axes(r=R, j=N)\n"
+                        "x = spec.input('x', f32, R, N)\n"
+                        "m = max(j, x[r, j])\n"
+                        "l = sum(j, exp(x[r, j] - m))\n"
+                        f"spec.output('y', f32, sum(j, {term}), r)\n")
+        result = optimize(path)
+        passes[where] = result.chosen.sched.passes
+        assert_close(str(path), {"R": 5, "N": 77}, seed=2)
+    assert passes == {"inside": 1, "outside": 1}
