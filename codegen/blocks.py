@@ -36,17 +36,24 @@ class BlockTable:
 
 
 def table_predicate(w, reds: list[Term]) -> Term | None:
-    """The mask predicate of a pass to classify in blocks, or None: no mask, a mask of closed-form linear
-    bounds, several masks, masked elements that do not give every reduction its identity (so an empty block
-    could not be skipped), a predicate over axes that are neither rows, keys nor program indices, or one that
-    reads an input per (row, key) element."""
+    """The mask predicate of a pass to classify in blocks (the conjunction of its masks), or None: no mask, a
+    mask of closed-form linear bounds, masked elements that do not give every reduction its identity (so an
+    empty block could not be skipped), a predicate over axes that are neither rows, keys nor program indices,
+    or one that reads an input per (row, key) element."""
     if w.row is None or w.loop is None:
         return None
     used = {m for r in reds for m in masks.mask_wheres(r, w.loop)}
-    preds = {m.args[0] for m in used}
-    if len(preds) != 1:
+    preds = sorted({m.args[0] for m in used}, key=ir.show)
+    if not preds:
         return None
-    pred = next(iter(preds))
+    # several masks (a mask_mod and a score_mod sending scores to -inf): an element is kept where all hold, and
+    # a block may be skipped where some fails for each element, when any one of them alone gives every
+    # reduction its identity
+    if len(preds) > 1 and not all(masks.skippable(reds, [m], w.loop) for m in used):
+        return None
+    pred = preds[0]
+    for extra in preds[1:]:
+        pred = ir.bin("and", pred, extra)
     closed_form = masks.key_bounds(pred, w.row, w.loop, lambda k: "x", "i_lo", "i_hi", "n") is not None
     if closed_form or not pred.free <= {w.row, w.loop, *w.s.grid}:
         return None

@@ -232,3 +232,27 @@ def test_every_row_order_of_a_listed_mask_gives_the_same_attention(row_order):
     with flex._triton_interpret(q.device.type == "cpu"):
         got = compiled.module.forward(q, k, v, capture, config={"ROW_ORDER": row_order}).cpu()
     assert (got.double() - want).abs().max() < 1e-4
+
+
+def test_a_score_mod_that_masks_and_a_mask_mod_are_classified_together():
+    """A score_mod sending scores to -inf (a sliding window) and a mask_mod (documents): blocks are skipped
+    where either masks every element and run without tests where both keep every one."""
+    doc = torch.tensor([0] * 25 + [1] * 40 + [2] * 15)
+
+    def window(score, b, h, q_idx, kv_idx):
+        return torch.where(q_idx - kv_idx <= 20, score, -float("inf"))
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 2, 80, 16, generator=g) for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = torch_flex(q.double(), k.double(), v.double(), score_mod=window,
+                          block_mask=create_block_mask(mask_mod, 1, 2, 80, 80, device="cpu"))
+    got = flex_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), score_mod=window, mask_mod=mask_mod).cpu()
+    assert (got.double() - want).abs().max() < 1e-4
+    from neptune_eqsat import flex
+    module = flex._module_for(flex._plan(window, mask_mod, None, False), q, k, v).module
+    assert "_block_table" in open(module.__file__).read().split("def forward")[1]   # the lists are used
