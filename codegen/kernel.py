@@ -77,6 +77,22 @@ def grid_sizes(w: KernelWriter, params: list[str]) -> list[str]:
     return [p for p in params if p in counted]
 
 
+def _nonnegative(t: Term) -> bool:
+    """Is t never negative (positions, sizes and what sums, products and quotients of them give)?"""
+    if t.op in ("axis", "dim"):
+        return True
+    if t.op == "const":
+        return t.attrs[0] >= 0
+    if t.op == "cast":
+        return _nonnegative(t.args[0])
+    if t.op == "bin" and t.attrs[0] in ("add", "mul", "floordiv", "mod", "max", "min", "bitand", "bitor", "bitxor",
+                                        "shr", "shl"):
+        return all(_nonnegative(a) for a in t.args)
+    if t.op == "where":
+        return _nonnegative(t.args[1]) and _nonnegative(t.args[2])
+    return False
+
+
 def pow2(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
@@ -208,7 +224,9 @@ class KernelWriter:
             dt = "bool" if at[0] == "not" else ("int" if x.dtype == "int" and integral else "f32")
             return Val(self.put(blk, UNARY_CODE[at[0]].format(x.code)), x.axes, dt)
         if op == "bin":
-            return self.binary(at[0], [self.emit(a, prev) for a in ar], blk)
+            # truncation already rounds down a nonnegative quotient: the usual case (h // G, i % W)
+            truncates_down = _nonnegative(ar[0]) and ar[1].op == "const" and ar[1].attrs[0] > 0
+            return self.binary(at[0], [self.emit(a, prev) for a in ar], blk, truncates_down)
         if op == "where":
             if t in self.masked_wheres and not self.ctx.masked:
                 return self.emit(ar[1], prev)          # inside the mask for every element of this block
@@ -228,7 +246,7 @@ class KernelWriter:
             return self.inner_reduction(t, prev, blk)
         raise SpecError(f"cannot generate code for {op}")
 
-    def binary(self, fn: str, xs: list[Val], blk: str) -> Val:
+    def binary(self, fn: str, xs: list[Val], blk: str, truncates_down: bool = False) -> Val:
         axes = self.canon(set(xs[0].axes) | set(xs[1].axes))
         if fn in BIT_OPS:   # ids stored as floats (captured integer tensors) taken back to integers
             xs = [x if x.dtype in ("int", "bool") else Val(f"({x.code}).to(tl.int32)", x.axes, "int") for x in xs]
@@ -238,10 +256,27 @@ class KernelWriter:
         if not ints and fn not in ir.LOGIC:
             xs = [self.as_float(x) for x in xs]
         code = BINARY_CODE[fn].format(*(self.expand(x, axes) for x in xs))
+        if fn in ("floordiv", "mod") and not (ints and truncates_down):   # torch floors, Triton truncates
+            code = self.flooring(fn, [self.expand(x, axes) for x in xs], ints, blk if axes else None)
         dt = "bool" if fn in ir.COMPARE + ir.LOGIC else ("int" if ints else "f32")
         if not axes:
             return Val(code, (), dt)
         return Val(self.put(blk, code), axes, dt)
+
+    def flooring(self, fn: str, xs: list[str], ints: bool, blk: str | None) -> str:
+        """a // b and a % b rounding the quotient down, as torch does: Triton's integer // and % truncate toward
+        zero (-7 // 2 = -3, -7 % 2 = -1 there, -4 and 1 in torch). Floats divide and take the floor."""
+        a, b = xs
+        if not ints:
+            q = f"tl.floor({a} / {b})"
+            return q if fn == "floordiv" else f"({a} - {b} * {q})"
+        if blk is not None:   # name the operands once: they appear several times below
+            a, b = self.put(blk, a), self.put(blk, b)
+        r = f"({a} % {b})"
+        inexact = f"(({r} != 0) & (({r} < 0) != ({b} < 0)))"
+        if fn == "mod":
+            return f"tl.where({inexact}, {r} + {b}, {r})"
+        return f"tl.where({inexact}, ({a} // {b}) - 1, {a} // {b})"
 
     def load(self, t: Term, order: tuple[str, ...], blk: str) -> Val:
         key = ("load", t, order, blk)

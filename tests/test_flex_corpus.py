@@ -73,6 +73,10 @@ CASES = {
     "where_first": (lambda s, b, h, q, kv: torch.where(kv > q, float("-inf"), s), None),
     "erf_and_rounding": (lambda s, b, h, q, kv: torch.special.erf(s) + torch.floor(s * 2) / 4 + torch.round(s * 1.5)
                          - s.ceil() / 3 + torch.trunc(s * 2.5) / 5, None),
+    # negative operands: torch floors // and % (-7 // 3 = -3, -7 % 3 = 2) where C truncates (-2, -1)
+    "negative_remainders": (lambda s, b, h, q, kv: s + ((q - kv) % 5) * 0.25 + ((kv - q) // 3) * 0.125
+                            + ((q - kv) * 1.5) % 2.0 - ((kv - q) * 0.75) // 1.0,
+                            lambda b, h, q, kv: ((q - kv) % 3) != 1),
     "bit_ops": (lambda s, b, h, q, kv: s + ((q >> (kv % 3)) ^ (kv << 1)) % 5, lambda b, h, q, kv: ((q ^ kv) & 4) == 0
                 | (~kv & 1).bool()),
 }
