@@ -20,6 +20,30 @@ _IV_INCREASING = {
 _IV_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
 
 
+# A value known exactly (every position of one axis, a constant) is the pair (v, v) of one tensor: operations
+# on exact operands compute the value once, as the kernel does, rather than as two bounds.
+_EXACT_UN = {
+    "neg": torch.neg, "abs": torch.abs, "not": lambda x: (x == 0).double(), "recip": torch.reciprocal,
+    "logistic2": lambda x: 1 / (1 + torch.exp2(x)),
+}
+_EXACT_BIN = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,
+    "min": torch.minimum, "floordiv": lambda a, b: torch.floor(a / b), "mod": lambda a, b: a - b * torch.floor(a / b),
+    "lt": lambda a, b: (a < b).double(), "le": lambda a, b: (a <= b).double(), "gt": lambda a, b: (a > b).double(),
+    "ge": lambda a, b: (a >= b).double(), "eq": lambda a, b: (a == b).double(), "ne": lambda a, b: (a != b).double(),
+    "and": lambda a, b: ((a != 0) & (b != 0)).double(), "or": lambda a, b: ((a != 0) | (b != 0)).double(),
+    "bitand": lambda a, b: torch.bitwise_and(a.long(), b.long()).double(),
+    "bitor": lambda a, b: torch.bitwise_or(a.long(), b.long()).double(),
+    "bitxor": lambda a, b: torch.bitwise_xor(a.long(), b.long()).double(),
+    "shl": lambda a, b: torch.bitwise_left_shift(a.long(), b.long()).double(),
+    "shr": lambda a, b: torch.bitwise_right_shift(a.long(), b.long()).double(),
+}
+
+
+def _exact(*values):
+    return all(v[0] is v[1] for v in values)
+
+
 def _iv(lo, hi):
     """An interval with NaN bounds widened (an undefined result could be anything)."""
     return torch.nan_to_num(lo, nan=-math.inf), torch.nan_to_num(hi, nan=math.inf)
@@ -41,7 +65,7 @@ def _iv_const(value, device):
 def _iv_blockwise(v, pos, block):
     """A value computed at every position of one axis (dimension `pos`) summarized per block of `block`
     positions: the least and greatest value in each block."""
-    lo, hi = torch.broadcast_tensors(*v)
+    lo, hi = torch.broadcast_tensors(torch.nan_to_num(v[0], nan=-math.inf), torch.nan_to_num(v[1], nan=math.inf))
     n = lo.shape[pos]
     if lo.dim() == 0 or n == 1:
         return lo, hi
@@ -65,6 +89,9 @@ def _iv_truth(a):
 
 def _iv_un(fn, a):
     lo, hi = a
+    if _exact(a) and (fn in _EXACT_UN or fn in _IV_INCREASING):
+        v = (_EXACT_UN.get(fn) or _IV_INCREASING[fn])(lo)
+        return v, v
     if fn == "neg":
         return -hi, -lo
     if fn == "abs":
@@ -98,6 +125,9 @@ def _iv_excludes_zero(b):
 
 def _iv_bin(fn, a, b):
     (alo, ahi), (blo, bhi) = a, b
+    if _exact(a, b) and fn in _EXACT_BIN:
+        v = _EXACT_BIN[fn](alo, blo)
+        return v, v
     if fn == "add":
         return _iv(alo + blo, ahi + bhi)
     if fn == "sub":
@@ -154,6 +184,9 @@ def _iv_bin(fn, a, b):
 
 
 def _iv_where(c, a, b):
+    if _exact(c, a, b):
+        v = torch.where(c[0] != 0, a[0], b[0])
+        return v, v
     t_lo, t_hi = _iv_truth(c)
     lo = torch.where(t_lo == 1, a[0], torch.where(t_hi == 0, b[0], torch.minimum(a[0], b[0])))
     hi = torch.where(t_lo == 1, a[1], torch.where(t_hi == 0, b[1], torch.maximum(a[1], b[1])))
@@ -163,6 +196,9 @@ def _iv_where(c, a, b):
 def _iv_cast(dtype, a):
     """Rounding to a narrower float never reverses an order, so the rounded bounds bound the rounded values."""
     dt = _IV_DTYPES[dtype]
+    if _exact(a):
+        v = a[0].to(dt).double()
+        return v, v
     return a[0].to(dt).double(), a[1].to(dt).double()
 
 
@@ -188,6 +224,13 @@ def _iv_load(t, index, ranged):
     answered by range-minimum tables along it; with more, those dimensions are reduced whole (wider, still
     sound). The others are exact (one element) and gathered."""
     t = t.double()
+    if not ranged and _exact(*index):   # read at exact indices: one gather
+        flat, size = 0, 1
+        for d in reversed(range(t.dim())):
+            flat = flat + torch.clamp(index[d][0], 0, t.shape[d] - 1).long() * size
+            size *= t.shape[d]
+        v = t.reshape(-1)[flat]
+        return v, v
     shape = torch.broadcast_shapes(*(x.shape for pair in index for x in pair))
     lows, highs = t, t
     gathered = []   # (dimension, index) of the dimensions left to gather, in order
