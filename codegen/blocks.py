@@ -6,7 +6,7 @@ key block) pair, with the grid axes the predicate reads taken one value at a tim
 empty (no element kept: skipped), full (every element kept: run without the per-element test) or partial.
 The kernel then walks a per-row-block list of partial key blocks and one of full key blocks. A predicate
 that reads only positions is classified once per sizes and block sizes; one that reads tensors (a document
-id per position) at every call, since their values may change.
+id per position) again whenever those tensors change (launch.py's _derived_table).
 
 Nothing here knows what the predicate means: it is whatever the spec's `where` tests.
 """
@@ -66,6 +66,15 @@ def table_predicate(w, reds: list[Term]) -> Term | None:
 
 def builder_source(table: BlockTable, w) -> str:
     """def <builder>(BLOCK_ROW, BLOCK_LOOP, device, <sizes>, <tensors>) -> int32 block lists."""
+    return _builder(table, w)[0]
+
+
+def builder_sizes(table: BlockTable, w) -> list[str]:
+    """The run-time sizes the builder takes, in order, after BLOCK_ROW, BLOCK_LOOP and device."""
+    return _builder(table, w)[1]
+
+
+def _builder(table: BlockTable, w) -> tuple[str, list[str]]:
     order = list(table.grid_axes) + [w.row, w.loop]
     ndim = len(order)
     lines: list[str] = []
@@ -144,14 +153,12 @@ def builder_source(table: BlockTable, w) -> str:
                  f"{ndim - 1}))")
     args = ", ".join(["BLOCK_ROW", "BLOCK_LOOP", "device"] + sizes + table.tensors)
     doc = f'    """Key blocks to visit per row block where {ir.show(table.pred)[:80]} may hold."""'
-    return f"def {table.builder}({args}):\n{doc}\n" + "\n".join("    " + x for x in lines) + "\n"
+    return f"def {table.builder}({args}):\n{doc}\n" + "\n".join("    " + x for x in lines) + "\n", sizes
 
 
 def builder_call(table: BlockTable, w, cfg: str) -> str:
     """The launcher line building (or fetching) the table."""
-    src = builder_source(table, w)
-    args = src[src.index("(") + 1:src.index(")")].split(", ")[3:]
-    sizes = [a for a in args if a not in table.tensors]
+    sizes = builder_sizes(table, w)
     consts = f"({cfg}[{'BLOCK_' + w.row.upper()!r}], {cfg}[{'BLOCK_' + w.loop.upper()!r}], device, " + \
         "".join(f"{s}, " for s in sizes) + ")"
     tensors = "(" + "".join(f"{t}, " for t in table.tensors) + ")"

@@ -82,8 +82,7 @@ def classify(pred: ir.Term, L: int, S: int, bm: int, bn: int, tensors: dict) -> 
 
 
 def _sizes(table) -> list[str]:
-    src = blocks.builder_source(table, WRITER)
-    return [a for a in src[src.index("(") + 1:src.index(")")].split(", ")[3:] if a not in table.tensors]
+    return blocks.builder_sizes(table, WRITER)
 
 
 def brute_force(pred: ir.Term, L: int, S: int, tensors: dict) -> np.ndarray:
