@@ -430,8 +430,8 @@ def _descriptor_lines(w: KernelWriter, cfg: str) -> list[str]:
         return []
     names = [param for param, _, _ in w.descriptors.values()]
     lines = []
-    for param, tensor, blocks in w.descriptors.values():
-        block = ", ".join(f"{cfg}[{b!r}]" if b.startswith("BLOCK_") else b for b in blocks)
+    for param, tensor, shape in w.descriptors.values():
+        block = ", ".join(f"{cfg}[{b!r}]" if b.startswith("BLOCK_") else b for b in shape)
         lines.append(f"    {param} = _descriptor({tensor}, [{block}]) if {cfg}['USE_TMA'] else None")
     lines += [f"    if None in ({', '.join(names)},):",
               f"        {' = '.join(names)} = None",
@@ -446,8 +446,8 @@ def _gluon_launch(w: GluonWriter, sched: Schedule) -> list[str]:
     lines = ["    gluon_descs = (None,)",
              "    if cfg.get('BACKEND') == 'gluon' and device.type == 'cuda' and _hopper(device):"]
     names = []
-    for param, tensor, blocks in list(w.descriptors.values()) + [("out_desc", "out", w.out_block)]:
-        block = ", ".join(sizes.get(b, b) for b in blocks)
+    for param, tensor, shape in list(w.descriptors.values()) + [("out_desc", "out", w.out_block)]:
+        block = ", ".join(sizes.get(b, b) for b in shape)
         lines.append(f"        {param} = _gluon_descriptor({tensor}, [{block}])")
         names.append(param)
     lines += [f"        gluon_descs = ({', '.join(names)},)",
