@@ -113,11 +113,7 @@ def _builder(table: BlockTable, w) -> tuple[str, list[str]]:
             # a value of one axis (a document id per row): computed at every position and summarized per block,
             # exact where intervals of its parts would widen (doc[i] over a block is its least to greatest id)
             ax = next(iter(one))
-            code = f"_iv_blockwise({emit(t, ax)}, {order.index(ax)}, {blocks[ax]})"
-            var = f"v{len(lines)}"
-            lines.append(f"{var} = {code}")
-            names[t] = var
-            return var
+            return record(t, f"_iv_blockwise({emit(t, ax)}, {order.index(ax)}, {blocks[ax]})", names)
 
         def sub(x: Term) -> str:   # a child, in the same mode
             return emit(x, at_points)
@@ -141,6 +137,9 @@ def _builder(table: BlockTable, w) -> tuple[str, list[str]]:
             code = f"_iv_cast({at[0]!r}, {sub(ar[0])})"
         else:
             raise ValueError(f"cannot classify blocks of {op}")
+        return record(t, code, memo)
+
+    def record(t: Term, code: str, memo: dict) -> str:
         var = f"v{len(lines)}"
         lines.append(f"{var} = {code}")
         memo[t] = var
@@ -162,7 +161,7 @@ def builder_call(table: BlockTable, w, cfg: str) -> str:
     consts = f"({cfg}[{'BLOCK_' + w.row.upper()!r}], {cfg}[{'BLOCK_' + w.loop.upper()!r}], device, " + \
         "".join(f"{s}, " for s in sizes) + ")"
     tensors = "(" + "".join(f"{t}, " for t in table.tensors) + ")"
-    return f"    {table.param} = _block_table(rec, {table.builder}, {consts}, {tensors})"
+    return f"    {table.param}, {table.param}_skewed = _block_table(rec, {table.builder}, {consts}, {tensors})"
 
 
 def kernel_lines(table: BlockTable, w) -> tuple[list[str], list[str], list[str]]:
@@ -170,10 +169,10 @@ def kernel_lines(table: BlockTable, w) -> tuple[list[str], list[str], list[str]]
     flat = "0"
     for g in table.grid_axes:
         flat = g if flat == "0" else f"({flat}) * {w.ext(g)} + {g}"
-    br, bj = w.block(w.row), w.block(w.loop)
-    p = table.param
-    lines = [f"n_kb = ({w.ext(w.loop)} + {bj} - 1) // {bj}",
-             f"{p}_row = ({flat}) * (({w.ext(w.row)} + {br} - 1) // {br}) + pid_row",
+    n_kb, n_rb = _block_counts(w)
+    bj, p = w.block(w.loop), table.param
+    lines = [f"n_kb = {n_kb}",
+             f"{p}_row = ({flat}) * {n_rb} + pid_row",
              f"{p}_at = {p}_ptr + {p}_row.to(tl.int64) * (2 * n_kb + 2)",
              f"{p}_partial = tl.load({p}_at)", f"{p}_full = tl.load({p}_at + n_kb + 1)"]
     ranges = {"partial": ("0", f"{p}_partial"), "full": ("0", f"{p}_full")}
@@ -188,18 +187,24 @@ def kernel_lines(table: BlockTable, w) -> tuple[list[str], list[str], list[str]]
     return lines, partial, full
 
 
-def _entries(table: BlockTable, w) -> tuple[str, str]:
-    """(key blocks, table entries): the row block lists of each grid value the predicate reads."""
-    n_kb = f"(({w.ext(w.loop)} + {w.block(w.loop)} - 1) // {w.block(w.loop)})"
-    n_rb = f"(({w.ext(w.row)} + {w.block(w.row)} - 1) // {w.block(w.row)})"
-    return n_kb, " * ".join([w.ext(g) for g in table.grid_axes] + [n_rb])
+def _block_counts(w) -> tuple[str, str]:
+    """Kernel code for the numbers of key blocks and of row blocks."""
+    return tuple(f"(({w.ext(a)} + {w.block(a)} - 1) // {w.block(a)})" for a in (w.loop, w.row))
 
 
 def order_code(table: BlockTable, w) -> str:
     """The row block of the program whose rank is program axis {0}, read from the order after the lists (see
-    intervals._block_lists)."""
-    n_kb, entries = _entries(table, w)
+    intervals._block_lists): after one list pair per row block of each grid value the predicate reads."""
+    n_kb, n_rb = _block_counts(w)
+    entries = " * ".join([w.ext(g) for g in table.grid_axes] + [n_rb])
     return f"tl.load({table.param}_ptr + ({entries}) * (2 * {n_kb} + 2) + tl.program_id({{}}))"
+
+
+def helpers_source(w) -> str:
+    """The interval runtime and the builders of the kernel's tables, for the generated module ("" if none)."""
+    if not w.tables:
+        return ""
+    return runtime_source() + "\n\n" + "\n\n".join(builder_source(t, w) for t in w.tables.values()) + "\n\n"
 
 
 def runtime_source() -> str:

@@ -115,40 +115,33 @@ class _Recording:
         return replay
 
 
-_TABLES = {}   # (builder, block sizes, sizes, device) -> block table of a predicate of positions only
+_TABLES = {}   # (builder, block sizes, sizes, device) -> (block table of a predicate of positions only, skewed)
 
 
 def _block_table(rec, build, consts, tensors):
-    """The key blocks each row block visits: built once per sizes when the mask reads positions only, at every
-    call when it reads tensors (their values may have changed)."""
+    """The key blocks each row block visits, and whether a few row blocks hold most of the work (None where it is
+    not read): built once per sizes when the mask reads positions only (reading the flag then is the only wait
+    for the GPU it costs), and again whenever the tensors it reads change."""
     if not tensors:
         key = (build, *consts)
-        t = _TABLES.get(key)
-        if t is None:
+        hit = _TABLES.get(key)
+        if hit is None:
             if len(_TABLES) > 256:
                 _TABLES.clear()
-            t = _TABLES[key] = build(*consts)
-        return rec.constant(t) if rec is not None else t
+            t = build(*consts)
+            hit = _TABLES[key] = (t, bool(t[-1].item()))
+        return (rec.constant(hit[0]) if rec is not None else hit[0]), hit[1]
     rebuild = functools.partial(_derived_table, build, consts)
     t = rebuild(*tensors)
-    return rec.derived(rebuild, tensors, t) if rec is not None else t
+    return (rec.derived(rebuild, tensors, t) if rec is not None else t), None
 
 
-_SKEWED = {}   # id of a table of positions only -> (the table, whether a few row blocks hold most of its work)
-
-
-def _row_order(table, cfg, config):
+def _row_order(skewed, cfg, config):
     """The row order of a listed mask's programs: the config's where it names one; across heads (2) where a
-    few row blocks of a table of positions only hold most of the work, so they start first in every head
-    (read from the table once per table: the only wait for the GPU it costs); else the default."""
-    if config and "ROW_ORDER" in config or table is None:
+    few row blocks hold most of the work, so they start first in every head; else the default."""
+    if config and "ROW_ORDER" in config or not skewed:
         return cfg["ROW_ORDER"]
-    hit = _SKEWED.get(id(table))
-    if hit is None or hit[0] is not table:
-        if len(_SKEWED) > 256:
-            _SKEWED.clear()
-        hit = _SKEWED[id(table)] = (table, bool(table[-1].item()))
-    return 2 if hit[1] else cfg["ROW_ORDER"]
+    return 2
 
 
 _GRAPHS = {}   # (builder, sizes, the tensors' layouts) -> (CUDA graph, its input copies, its table)

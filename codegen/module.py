@@ -65,7 +65,7 @@ def _table(w: KernelWriter, p: int, reds: list[ir.Term]) -> blocks.BlockTable | 
     if pred is None:
         return None
     if pred not in w.tables:
-        n = len(set(w.tables.values()))
+        n = len(w.tables)
         w.tables[pred] = blocks.BlockTable(pred, f"blocks{n}", f"_{w.name}_blocks{n}",
                                            tuple(g for g in w.s.grid if g in pred.free))
     return w.tables[pred]
@@ -166,6 +166,7 @@ def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, c
 
     body: list[str] = []
     done: set = set()
+    even_used = False   # does a pass test EVEN_<loop> (listed masks, see below)
     for p in range(sched.passes):
         reds = sched.in_pass(p)
         w.ctx = Context(f"body{p}", f"pre{p}", complete=set(done), running=set(reds))
@@ -173,6 +174,7 @@ def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, c
             w.init_state(r, f"init{p}")
         table = _table(w, p, reds)
         even = f"EVEN_{loop.upper()}" if table is not None and not partials else None
+        even_used = even_used or even is not None
         loops = []
         for masked in (True, False):
             blk = f"body{p}{'m' if masked else 'u'}"
@@ -223,13 +225,13 @@ def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, c
     for n, axes in out_axes.items():
         params += [f"{n}_s{k}" for k in range(len(axes))]
     params += [param for param, _, _ in w.descriptors.values()]
-    params += [f"{t.param}_ptr" for t in dict.fromkeys(w.tables.values())]
+    params += [f"{t.param}_ptr" for t in w.tables.values()]
     params += w.dims + (["chunk_len"] if partials else [])
     w.constexprs = [f"BLOCK_{a.upper()}" for a in (row, loop) if a] + (["USE_TMA"] if w.descriptors else [])
     w.constexprs += ["ROW_ORDER"] if w.row_order else []
     w.constexprs += ["STREAM"] if w.streamed else []
     w.constexprs += ["F32_DOT"] if w.f32_dot else []
-    w.constexprs += [f"EVEN_{loop.upper()}"] if any(f"EVEN_{loop.upper()}:" in x for x in body) else []
+    w.constexprs += [f"EVEN_{loop.upper()}"] if even_used else []
     if combine is not None:
         params += [p for p in combine.params if p not in params] + ["tickets_ptr"]
         w.constexprs += [f"COMBINE_{c}" for c in combine.constexprs] + ["COMBINE_IN_KERNEL"]
@@ -478,12 +480,10 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
     helpers = gluon_imports = ""
     if sched.split:
         kernels, w, launch, dims_used = _split_parts(sched, name, inputs, out_alloc, gpu, cpu)
-        tables = list(dict.fromkeys(w.tables.values()))
-        if tables:   # built before the partial-results kernel launches (the line allocating the output)
-            at = launch.index(out_alloc)
-            launch[at + 1:at + 1] = [blocks.builder_call(t, w, "kernel_cfg") for t in tables]
-            helpers = blocks.runtime_source() + "\n\n" + "\n\n".join(blocks.builder_source(t, w) for t in tables) + "\n\n"
-        helpers += (inspect.getsource(split_count) + "\n\n_chunk_counts = functools.lru_cache(maxsize=4096)(split_count)\n\n\n"
+        # the block lists are built before the partial-results kernel launches (after the output's allocation)
+        at = launch.index(out_alloc)
+        launch[at + 1:at + 1] = [blocks.builder_call(t, w, "kernel_cfg") for t in w.tables.values()]
+        helpers = blocks.helpers_source(w) + (inspect.getsource(split_count) + "\n\n_chunk_counts = functools.lru_cache(maxsize=4096)(split_count)\n\n\n"
                    "def _program_slots(device):\n"
                    "    return _sm_count(device) if device.type == \"cuda\" else 4\n\n")
     else:
@@ -498,7 +498,7 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
             gpu["ROW_ORDER"] = cpu["ROW_ORDER"] = 1
             grid = f"({rest}, {rows}) if cfg['ROW_ORDER'] == 2 else ({rows}, {rest})"
 
-        tables = list(dict.fromkeys(w.tables.values()))
+        tables = list(w.tables.values())
         even = [c for c in w.constexprs if c.startswith("EVEN_")]
         if even:   # the launcher decides; a config may set it 0 to keep the bound tests
             gpu[even[0]] = cpu[even[0]] = 1
@@ -508,14 +508,11 @@ def module_source(sched: Schedule, name: str, plan: str, spec_file: str = "SPEC.
             # partial (dilated windows, neighborhoods), within 2% elsewhere (bench/mask_configs.py)
             gpu["num_stages"] = 2
             if w.row_order:
-                first = tables[0]
-                constant = "None" if first.tensors else first.param
-                order = [f"    cfg['ROW_ORDER'] = _row_order({constant}, cfg, config)"]
+                order = [f"    cfg['ROW_ORDER'] = _row_order({tables[0].param}_skewed, cfg, config)"]
         launch = [out_alloc] + [blocks.builder_call(t, w, "cfg") for t in tables] + order + \
             [f"    cfg[{c!r}] = int(bool(cfg[{c!r}]) and {w.ext(sched.loop)} % cfg['BLOCK_{sched.loop.upper()}'] == 0)"
              for c in even] + _descriptor_lines(w, "cfg") + _launch(w, grid, "cfg")
-        if tables:
-            helpers += blocks.runtime_source() + "\n\n" + "\n\n".join(blocks.builder_source(t, w) for t in tables) + "\n\n"
+        helpers += blocks.helpers_source(w)
         try:
             gsrc, gw = gluon_source(sched, name)
         except NotEligible:
