@@ -243,17 +243,15 @@ def _iv_load(t, index, ranged):
         lo = torch.clamp(index[d][0], 0, n - 1).long()
         hi = torch.clamp(index[d][1], 0, n - 1).long()
         gathered.append((d, lo, hi))
-    # flat offsets of the exact dimensions (their low and high bounds agree where they are exact)
+    # flat offsets of the exact dimensions (their low and high bounds agree where they are exact); an index
+    # expected to be exact may come out as a range (a bit operation's bounds): there, the whole tensor's least
+    # and greatest elements
     strides = [math.prod(lows.shape[d + 1:]) for d in range(t.dim())]
     flat = torch.zeros(shape, dtype=torch.long, device=t.device)
-    for d, lo, _ in gathered:
-        if d != table_dim:
-            flat = flat + lo * strides[d]
-    # an index expected to be exact may come out as a range (a bit operation's bounds): there, the whole
-    # tensor's least and greatest elements
     exact = torch.ones(shape, dtype=torch.bool, device=t.device)
     for d, lo, hi in gathered:
         if d != table_dim:
+            flat = flat + lo * strides[d]
             exact = exact & (lo == hi)
     everywhere = (t.amin(), t.amax()) if t.numel() else (t.new_full((), math.inf), t.new_full((), -math.inf))
     if table_dim is None:

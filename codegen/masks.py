@@ -30,10 +30,10 @@ def is_index_predicate(c: Term, loop: str) -> bool:
 def mask_wheres(term: Term, loop: str) -> list[Term]:
     """The wheres that mask: an index predicate choosing between a value and a constant (a condition that reads
     inputs, such as a test of a partial result, masks only when it falls back to a constant)."""
-    def masks(t: Term) -> bool:
+    def masking(t: Term) -> bool:
         reads = any(x.op == "load" for x in ir.walk(t.args[0]))
         return is_index_predicate(t.args[0], loop) and (not reads or t.args[2].op == "const")
-    return [t for t in ir.walk(term) if t.op == "where" and masks(t)]
+    return [t for t in ir.walk(term) if t.op == "where" and masking(t)]
 
 
 def linear(t: Term) -> dict | None:
@@ -208,24 +208,30 @@ def masked_gives_identity(body: Term, reducer: str, masked: list[Term], loop: st
     values = {leaf: np.array(g).reshape([-1 if k == n else 1 for k in range(len(leaves))])
               for n, (leaf, g) in enumerate(zip(leaves, grids))}
 
-    def ev(t: Term):
-        if t in values:
-            return values[t]
-        if t.op == "const":
-            return np.float64(t.attrs[0])
-        if t.op == "cast":
-            return ev(t.args[0])
-        if t.op == "un":
-            return _NP_UN[t.attrs[0]](ev(t.args[0]))
-        if t.op == "bin":
-            return _NP_BIN[t.attrs[0]](ev(t.args[0]), ev(t.args[1]))
-        if t.op == "where":
-            return np.where(ev(t.args[0]), ev(t.args[1]), ev(t.args[2]))
-        raise ValueError(t.op)
-
     with np.errstate(all="ignore"):
-        out = np.broadcast_to(ev(body), [len(g) for g in grids] or [1])
+        out = np.broadcast_to(evaluate(body, lambda x, ev: values.get(x)), [len(g) for g in grids] or [1])
     return bool(np.all(out == ir.REDUCERS[reducer]))
+
+
+def evaluate(t: Term, leaf):
+    """t in numpy float64. `leaf(x, ev)` gives the value of a subterm x it knows (evaluating x's parts with ev),
+    None for the others: constants, casts (the identity here) and the scalar operations are computed."""
+    def ev(x: Term):
+        v = leaf(x, ev)
+        if v is not None:
+            return v
+        if x.op == "const":
+            return np.float64(x.attrs[0])
+        if x.op == "cast":
+            return ev(x.args[0])
+        if x.op == "un":
+            return _NP_UN[x.attrs[0]](ev(x.args[0]))
+        if x.op == "bin":
+            return _NP_BIN[x.attrs[0]](ev(x.args[0]), ev(x.args[1]))
+        if x.op == "where":
+            return np.where(ev(x.args[0]), ev(x.args[1]), ev(x.args[2]))
+        raise ValueError(x.op)
+    return ev(t)
 
 
 def skippable(reductions: list[Term], masked: list[Term], loop: str) -> bool:
