@@ -267,12 +267,20 @@ def _as_kernel_input(c: torch.Tensor, device: torch.device) -> torch.Tensor:
 class _Compiled:
     """A traced problem's module, with the checks that its reads of captured tensors stay inside them: those
     whose index reads only positions are checked once per sequence lengths, those that read a captured
-    tensor's values (offsets[doc[q_idx]]) at every call."""
+    tensor's values (offsets[doc[q_idx]]) at every call. Its backward passes (one per set of inputs that need
+    a gradient) are derived from the same spec when first asked for."""
 
     def __init__(self, module: ModuleType, spec: Spec):
         self.module, self.spec = module, spec
         self.checks = bounds.index_checks(spec, spec.output_term)
         self.lengths_checked: set[tuple[int, int, int]] = set()
+        self.backwards: dict[tuple[str, ...], object] = {}
+
+    def backward(self, wrt: tuple[str, ...]):
+        if wrt not in self.backwards:
+            from .training import CompiledBackward
+            self.backwards[wrt] = CompiledBackward(self.spec, wrt)
+        return self.backwards[wrt]
 
     def check_indices(self, query, key, captures) -> None:
         if not self.checks:
@@ -331,6 +339,60 @@ def _resolve(plan: str, query, key, value) -> _Compiled:
 
 
 attention_op = torch.library.custom_op("neptune_eqsat::flex_attention", run_plan, mutates_args=())
+
+
+def run_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, out: torch.Tensor,
+                 grad: torch.Tensor, captures: list[torch.Tensor], plan: str, wrt: str) -> list[torch.Tensor]:
+    """The gradients of the inputs named in `wrt` ("q,k,v,capture0"), by the backward kernels derived from the
+    plan's spec (autodiff.py), in that order."""
+    compiled = _module_for(plan, query, key, value)
+    names = tuple(wrt.split(","))
+    inputs = {"q": query, "k": key, "v": value}
+    inputs.update({f"capture{k}": _as_kernel_input(c, query.device) for k, c in enumerate(captures)})
+    backward = compiled.backward(names)
+    grad = grad.contiguous()
+    if query.device.type != "cpu":
+        grads = backward.grads(inputs, out, grad)
+    else:
+        _check_interpreter()
+        with _triton_interpret(True):
+            grads = backward.grads(inputs, out, grad)
+    return [grads[n] for n in names]
+
+
+backward_op = torch.library.custom_op("neptune_eqsat::flex_attention_backward", run_backward, mutates_args=())
+
+
+def _wrt_tensors(query, key, value, captures, wrt: str) -> list[torch.Tensor]:
+    by_name = {"q": query, "k": key, "v": value, **{f"capture{k}": c for k, c in enumerate(captures)}}
+    return [by_name[n] for n in wrt.split(",")]
+
+
+@backward_op.register_fake
+def _(query, key, value, out, grad, captures, plan, wrt):
+    return [torch.empty_like(t) for t in _wrt_tensors(query, key, value, captures, wrt)]
+
+
+def _setup_backward(ctx, inputs, output) -> None:
+    query, key, value, captures, plan = inputs
+    ctx.plan = plan
+    ctx.wants = [t.requires_grad for t in (query, key, value)] + \
+        [c.requires_grad and c.dtype in DTYPES for c in captures]
+    ctx.save_for_backward(query, key, value, output, *captures)
+
+
+def _backward(ctx, grad):
+    query, key, value, out, *captures = ctx.saved_tensors
+    names = [n for n, want in zip(["q", "k", "v"] + [f"capture{k}" for k in range(len(captures))], ctx.wants)
+             if want]
+    if not names:
+        return None, None, None, None, None
+    grads = dict(zip(names, backward_op(query, key, value, out, grad, captures, ctx.plan, ",".join(names))))
+    return (grads.get("q"), grads.get("k"), grads.get("v"),
+            [grads.get(f"capture{k}") for k in range(len(captures))], None)
+
+
+attention_op.register_autograd(_backward, setup_context=_setup_backward)
 
 
 @attention_op.register_fake
@@ -460,9 +522,14 @@ def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
 
 
 def _run(query, key, value, plan):
-    if torch.compiler.is_compiling():   # one opaque node in the graph
-        return attention_op(query, key, value, _CAPTURES[plan], plan)
-    return run_plan(query, key, value, _CAPTURES[plan], plan)   # eager: skip the operator's dispatch cost
+    captures = _CAPTURES[plan]
+    if torch.compiler.is_compiling() or _needs_grad(query, key, value, captures):
+        return attention_op(query, key, value, captures, plan)   # one opaque node; differentiable
+    return run_plan(query, key, value, captures, plan)   # eager: skip the operator's dispatch cost
+
+
+def _needs_grad(query, key, value, captures) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, *captures))
 
 
 def _mask_of(block_mask, query, key):

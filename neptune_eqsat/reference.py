@@ -79,11 +79,14 @@ class Evaluator:
     limits axes to a slice [start, stop) of their extent; `device` is where the arithmetic runs."""
 
     def __init__(self, spec: Spec, inputs: dict[str, torch.Tensor], sizes: dict[str, int] | None = None,
-                 device: str | torch.device = "cpu", ranges: dict[str, tuple[int, int]] | None = None):
+                 device: str | torch.device = "cpu", ranges: dict[str, tuple[int, int]] | None = None,
+                 differentiable: bool = False):
         self.spec = spec
         self.sizes = bind_sizes(spec, inputs) if sizes is None else sizes
         self.device = device
-        self.inputs = {k: v.detach().to(device, torch.float64) for k, v in inputs.items()}
+        # differentiable: inputs keep their autograd graph, so torch's own backward of the unfused math is the
+        # oracle of the derived backward kernels
+        self.inputs = {k: (v if differentiable else v.detach()).to(device, torch.float64) for k, v in inputs.items()}
         self.ranges = ranges or {}
         self.memo: dict[Term, Value] = {}
 
@@ -158,9 +161,10 @@ class Evaluator:
         raise SpecError(f"unknown reducer {reducer}")
 
 
-def evaluate(spec: Spec, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The spec's output in float64, dimensions in the output's axis order."""
-    ev = Evaluator(spec, inputs)
+def evaluate(spec: Spec, inputs: dict[str, torch.Tensor], differentiable: bool = False) -> torch.Tensor:
+    """The spec's output in float64, dimensions in the output's axis order (differentiable: with the inputs'
+    autograd graph)."""
+    ev = Evaluator(spec, inputs, differentiable=differentiable)
     value = ev(spec.output_term)
     out_axes = spec.output_axes
     full = torch.zeros([ev.extent(a) for a in out_axes], dtype=torch.float64)

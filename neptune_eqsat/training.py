@@ -1,0 +1,162 @@
+"""The backward pass at run time: the specs `autodiff.differentiate` derives, compiled by the same compiler, run
+in order (stages, then gradient kernels), with the host's part (sums over extra axes, scatters at computed
+indices) done in torch.
+
+    fn = Differentiable(load_spec("specs/softmax.py"))
+    y = fn(x)                     # the forward kernel; y.backward(...) runs the derived backward kernels
+
+Modules are generated once per spec and cached on disk beside the FlexAttention front end's (same key scheme:
+the compiler's own source, the spec's terms, its inputs' dtypes and shapes).
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+from types import ModuleType
+
+import torch
+
+from . import ir
+from .autodiff import Backward, GradPart, differentiate
+from .reference import Evaluator, _align, bind_sizes
+from .spec import Spec
+
+TORCH = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
+_MODULES: dict[tuple[str, bool], ModuleType] = {}
+_LOCK = threading.Lock()
+
+
+def spec_key(spec: Spec) -> str:
+    from .flex import _compiler_fingerprint
+    text = "|".join([_compiler_fingerprint(), spec.name, ir.show(spec.output_term), ",".join(spec.output_axes),
+                     spec.output_dtype or "", *(f"{n}:{t.dtype}:{t.shape}" for n, t in spec.inputs.items()),
+                     *(f"{a}:{e}" for a, e in spec.axes_.items())])
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def module_for(spec: Spec, interpret: bool) -> ModuleType:
+    """The generated module of `spec`: from memory, else the disk cache, else optimized now."""
+    from .flex import _load, _store, cache_dir
+    key = spec_key(spec)
+    mod = _MODULES.get((key, interpret))
+    if mod is None:
+        with _LOCK:
+            mod = _MODULES.get((key, interpret))
+            if mod is None:
+                path = cache_dir() / f"flex_{key}.py"
+                if path.exists():
+                    source = path.read_text()
+                else:
+                    from .compiler import optimize
+                    source = optimize(spec, spec_file=spec.name, out_file=path.name).source
+                    _store(source, key)
+                mod = _MODULES[(key, interpret)] = _load(source, key, interpret)
+    return mod
+
+
+def run_spec(spec: Spec, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Run `spec`'s kernel on the named tensors (each converted to the dtype the spec declares)."""
+    from .flex import _triton_interpret
+    device = next(iter(tensors.values())).device
+    interpret = device.type == "cpu"
+    args = [tensors[n].to(TORCH[t.dtype]).contiguous() for n, t in spec.inputs.items()]
+    mod = module_for(spec, interpret)
+    if not interpret:
+        return mod.forward(*args)
+    with _triton_interpret(True):
+        return mod.forward(*args)
+
+
+class CompiledBackward:
+    """The backward of one spec: `grads(inputs, out, grad_out)` gives the gradient of every input in `wrt`."""
+
+    def __init__(self, spec: Spec, wrt: tuple[str, ...] | None = None):
+        self.spec = spec
+        self.plan: Backward = differentiate(spec, wrt)
+
+    def grads(self, inputs: dict[str, torch.Tensor], out: torch.Tensor, grad_out: torch.Tensor
+              ) -> dict[str, torch.Tensor]:
+        bw, spec = self.plan, self.spec
+        tensors = dict(inputs)
+        tensors[bw.grad_name] = grad_out
+        tensors[bw.out_name] = out
+        for stage in bw.stages:
+            tensors[stage.name] = run_spec(stage.spec, tensors)
+        sizes = bind_sizes(spec, inputs)
+        result: dict[str, torch.Tensor] = {}
+        for part in bw.parts:
+            g = run_spec(part.spec, tensors)
+            x = inputs[part.input]
+            acc = result.get(part.input)
+            if acc is None:
+                acc = result[part.input] = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+            _accumulate(spec, part, g, acc, sizes, inputs)
+        for n in bw.wrt:
+            x = inputs[n]
+            result[n] = result[n].to(x.dtype) if n in result else torch.zeros_like(x)
+        return result
+
+
+def _accumulate(spec: Spec, part: GradPart, g: torch.Tensor, acc: torch.Tensor, sizes: dict[str, int],
+                inputs: dict[str, torch.Tensor]) -> None:
+    """acc[index] += g summed over the host axes, with repeated indices adding up."""
+    axes = part.spec.output_axes
+    present = axes[:len(axes) - len(part.host_sum)]
+    if part.host_sum:
+        g = g.sum(dim=tuple(range(len(present), len(axes))))
+    g = _align((g, present), part.axes)   # size 1 along the index's axes the gradient does not vary along
+    if part.direct:
+        acc += g
+        return
+    read = {t.attrs[0] for x in part.index for t in ir.walk(x) if t.op == "load"}
+    ev = Evaluator(spec, {n: inputs[n] for n in read}, sizes=sizes, device=acc.device)
+    index = []
+    for x in part.index:
+        value = ev(x)
+        if not value[1]:   # a constant index
+            index.append(value[0].long().reshape([1] * len(part.axes)))
+        else:
+            index.append(_align(value, part.axes).long())
+    shape = torch.broadcast_shapes(g.shape, *(i.shape for i in index))
+    acc.index_put_(tuple(index), g.to(acc.dtype).expand(shape), accumulate=True)
+
+
+class _SpecFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, owner: "Differentiable", *xs):
+        names = list(owner.spec.inputs)
+        inputs = dict(zip(names, xs))
+        out = run_spec(owner.spec, inputs)
+        ctx.owner, ctx.names = owner, names
+        ctx.save_for_backward(*xs, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        *xs, out = ctx.saved_tensors
+        owner, names = ctx.owner, ctx.names
+        wrt = tuple(n for n, x, need in zip(names, xs, ctx.needs_input_grad[1:]) if need)
+        if not wrt:
+            return (None,) * (1 + len(xs))
+        grads = owner.backward_for(wrt).grads(dict(zip(names, xs)), out, grad_out.contiguous())
+        return (None, *(grads.get(n) for n in names))
+
+
+class Differentiable:
+    """A spec as a differentiable torch function: `fn(*inputs)` in the spec's input order runs the forward
+    kernel; gradients flow to every floating input that requires them, through the derived backward kernels."""
+
+    def __init__(self, spec: Spec):
+        self.spec = spec
+        self._backwards: dict[tuple[str, ...], CompiledBackward] = {}
+
+    def backward_for(self, wrt: tuple[str, ...]) -> CompiledBackward:
+        if wrt not in self._backwards:
+            self._backwards[wrt] = CompiledBackward(self.spec, wrt)
+        return self._backwards[wrt]
+
+    def __call__(self, *xs: torch.Tensor) -> torch.Tensor:
+        if len(xs) != len(self.spec.inputs):
+            raise TypeError(f"{self.spec.name} takes {len(self.spec.inputs)} inputs "
+                            f"({', '.join(self.spec.inputs)}), got {len(xs)}")
+        return _SpecFunction.apply(self, *xs)

@@ -1,0 +1,201 @@
+"""The backward pass derived from a spec (autodiff.py) and run by the generated kernels (training.py), checked
+against torch's autograd of the unfused math in float64; each op's declared derivative checked against sympy."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import sympy as sp
+import torch
+
+from neptune_eqsat import derivatives, ir, proof
+from neptune_eqsat.autodiff import differentiate
+from neptune_eqsat.reference import evaluate, random_inputs, tolerance
+from neptune_eqsat.spec import Spec, cast, exp, load_spec, sqrt, sum, tanh, where
+from neptune_eqsat.spec import max as smax
+from neptune_eqsat.training import Differentiable
+
+DT = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+
+
+# ---- each op's derivative, proved --------------------------------------------------------------------------------
+A, X, Y = sp.symbols("A x y", real=True)
+_SYMPY_FORM = {**proof.SymOps.UN, "exp_or_zero": sp.exp, "exp2_or_zero": lambda a: 2 ** a,
+               "finite_or_zero": lambda a: a}
+
+
+def _to_sympy(t: ir.Term, env: dict) -> sp.Expr:
+    if t in env:
+        return env[t]
+    op, at, ar = t.op, t.attrs, t.args
+    if op == "const":   # the float constants of derivatives are ln 2 and 2 / sqrt(pi), written in floats
+        return sp.nsimplify(at[0], [sp.pi, sp.log(2)])
+    if op == "un":
+        return _SYMPY_FORM[at[0]](_to_sympy(ar[0], env))
+    if op == "bin":
+        a, b = (_to_sympy(x, env) for x in ar)
+        rel = {"gt": sp.Gt, "lt": sp.Lt, "ge": sp.Ge, "le": sp.Le, "eq": sp.Eq}
+        return rel[at[0]](a, b) if at[0] in rel else proof.SymOps.BIN[at[0]](a, b)
+    if op == "where":
+        c, a, b = (_to_sympy(x, env) for x in ar)
+        return sp.Piecewise((a, c), (b, True))
+    raise AssertionError(f"no sympy form for {op}")
+
+
+def _equal_on_both_sides(e: sp.Expr, var: sp.Symbol) -> bool:
+    """e = 0 proved for var > 0 and for var < 0 (piecewise derivatives: abs, max, min)."""
+    p = sp.Symbol("p", positive=True)
+    return all(sp.simplify(sp.piecewise_fold(e.subs(var, s))) == 0 for s in (p, -p))
+
+
+@pytest.mark.parametrize("fn", sorted(derivatives.UNARY))
+def test_unary_derivative_is_sympys(fn):
+    a, t, adj = ir.load("a"), ir.un(fn, ir.load("a")), ir.load("A")
+    f = _SYMPY_FORM[fn](X)
+    env = {a: X, t: f, adj: A}
+    got = _to_sympy(derivatives.UNARY[fn](a, t, adj), env)
+    want = A * sp.diff(f, X)
+    assert sp.simplify(got - want) == 0 or _equal_on_both_sides(got - want, X), (fn, got, want)
+
+
+@pytest.mark.parametrize("fn", sorted(derivatives.BINARY))
+def test_binary_derivative_is_sympys(fn):
+    a, b, adj = ir.load("a"), ir.load("b"), ir.load("A")
+    t = ir.bin(fn, a, b)
+    f = proof.SymOps.BIN[fn](X, Y)
+    env = {a: X, b: Y, t: f, adj: A}
+    for got, var in zip(derivatives.BINARY[fn](a, b, t, adj), (X, Y)):
+        got = _to_sympy(got, env)
+        want = A * sp.diff(f, var)
+        gap = sp.simplify(got - want)
+        if gap != 0:   # max / min: one argument wins on each side of x = y
+            d = sp.Symbol("d", real=True)
+            gap = (got - want).subs(X, Y + d)
+            assert _equal_on_both_sides(gap, d), (fn, var, got, want)
+
+
+def test_shift_invariance_is_proved_or_refused():
+    spec = load_spec("specs/softmax.py")
+    m = next(t for t in ir.walk(spec.output_term) if t.op == "red" and t.attrs[0] == "max")
+    assert derivatives.shift_invariant(spec.output_term, m)
+    ratio = load_spec("specs/max_normalized_sum.py")   # sum_j x / max_j x depends on the max itself
+    m = next(t for t in ir.walk(ratio.output_term) if t.op == "red" and t.attrs[0] == "max")
+    assert not derivatives.shift_invariant(ratio.output_term, m)
+
+
+# ---- gradients of specs against float64 autograd ---------------------------------------------------------------
+def _check_gradients(spec: Spec, sizes: dict, dtype: str | None = None, seed: int = 0) -> dict[str, float]:
+    if dtype:
+        spec = spec.retyped(dtype)
+    inputs = random_inputs(spec, {**spec.typical, **sizes}, seed=seed)
+    xs = [t.clone().requires_grad_(t.is_floating_point() and n in differentiate(spec).wrt)
+          for n, t in inputs.items()]
+    out = Differentiable(spec)(*xs)
+    g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
+    out.backward(g.to(out.dtype))
+    ref_in = {n: t.detach().clone().requires_grad_(x.requires_grad) for (n, t), x in zip(inputs.items(), xs)}
+    evaluate(spec, ref_in, differentiable=True).backward(g)
+    errors = {}
+    for (n, r), x in zip(ref_in.items(), xs):
+        if not x.requires_grad:
+            continue
+        assert x.grad is not None and not torch.isnan(x.grad).any(), n
+        scale = max(1.0, r.grad.abs().max().item())
+        errors[n] = (x.grad.double() - r.grad).abs().max().item() / scale
+        assert errors[n] < 4 * tolerance(spec.inputs[n].dtype), (spec.name, n, errors[n])
+    return errors
+
+
+@pytest.mark.parametrize("name,sizes", [("softmax", {"R": 3, "N": 37}), ("log_softmax", {"R": 2, "N": 45}),
+                                        ("cross_entropy", {"R": 3, "V": 37}),
+                                        ("max_normalized_sum", {"R": 3, "N": 29})])
+def test_row_reductions(name, sizes):
+    _check_gradients(load_spec(f"specs/{name}.py"), sizes)
+
+
+def test_cross_entropy_gradient_scatters_at_the_label():
+    bw = differentiate(load_spec("specs/cross_entropy.py"))
+    assert bw.wrt == ("x",)   # the label is read only as an index: no gradient
+    assert any(not p.direct for p in bw.parts)
+
+
+def attention_spec(*, heads=2, kv_heads=1, dim=16, causal=True, slope=False, softcap=None, empty_row=None,
+                   dtype="f16") -> Spec:
+    """A small attention spec with the options the ten operators use (GQA, ALiBi slope, soft-cap, masks)."""
+    spec = Spec("attn_small")
+    B, S = spec.dims(B=1, S=64)
+    b, h, i, j, d, e = spec.axes(b=B, h=heads, i=S, j=S, d=dim, e=dim)
+    q = spec.input("q", dtype, B, heads, S, dim)
+    k = spec.input("k", dtype, B, kv_heads, S, dim)
+    v = spec.input("v", dtype, B, kv_heads, S, dim)
+    hk = h // (heads // kv_heads)
+    s = sum(d, q[b, h, i, d] * k[b, hk, j, d]) / sqrt(dim)
+    if slope:
+        s = s + spec.input("slope", "f32", heads)[h] * (j - i)
+    if softcap:
+        s = softcap * tanh(s / softcap)
+    keep = None
+    if causal:
+        keep = i >= j
+    if empty_row is not None:
+        keep = (i != empty_row) if keep is None else keep & (i != empty_row)
+    if keep is not None:
+        s = where(keep, s, -math.inf)
+    m = smax(j, s)
+    p = exp(s - where(m == -math.inf, 0, m))
+    l = sum(j, p)
+    o = sum(j, cast(p, dtype) * v[b, hk, j, e]) / where(l == 0, 1, l)
+    spec.output("o", dtype, o, b, h, i, e)
+    spec.validate()
+    return spec
+
+
+def test_attention_backward_is_flashattentions():
+    """The derivation recomputes the probabilities from saved row statistics and reads the output: no
+    tensor of the forward larger than the output is saved, and D_i = sum_e dO * O is a stage of its own."""
+    bw = differentiate(attention_spec())
+    for stage in bw.stages:
+        assert set(stage.axes) <= {"b", "h", "i"}
+    assert any("d_o" in {t.attrs[0] for t in ir.walk(s.spec.output_term) if t.op == "load"} for s in bw.stages)
+    loops = {p.input: next(t.attrs[1] for t in [p.spec.output_term] if t.op == "red") for p in bw.parts}
+    assert loops == {"q": "j", "k": "i", "v": "i"}
+    assert any("invariant" in n for n in bw.notes)   # the row max gets no subgradient: its adjoint is 0
+
+
+@pytest.mark.parametrize("options,sizes", [
+    ({}, {"S": 37}),
+    ({"kv_heads": 2, "heads": 4, "slope": True, "empty_row": 5}, {"S": 33, "B": 2}),
+    ({"softcap": 20.0, "causal": False}, {"S": 19}),
+])
+def test_attention_gradients(options, sizes):
+    _check_gradients(attention_spec(**options), sizes)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_attention_gradients_in_other_dtypes(dtype):
+    _check_gradients(attention_spec(kv_heads=1, heads=2), {"S": 21}, dtype=dtype)
+
+
+def test_decode_shaped_attention_gradients():
+    spec = load_spec("specs/causal_dc.py")
+    small = attention_spec(causal=False)
+    assert small.output_axes == spec.output_axes
+    _check_gradients(small, {"S": 40})
+
+
+def test_norm_gradients():
+    spec = Spec("rmsnorm")
+    R, N = spec.dims(R=64, N=4096)
+    r, j = spec.axes(r=R, j=N)
+    x = spec.input("x", "f32", R, N)
+    w = spec.input("w", "f32", N)
+    spec.output("y", "f32", x[r, j] * w[j] / sqrt(sum(j, x[r, j] * x[r, j]) / N + 1e-6), r, j)
+    spec.validate()
+    errors = _check_gradients(spec, {"R": 3, "N": 40})
+    assert set(errors) == {"x", "w"}
+
+
+def test_undifferentiable_input_is_named():
+    spec = load_spec("specs/cross_entropy.py")
+    with pytest.raises(ValueError, match="no input nope"):
+        differentiate(spec, ("nope",))
