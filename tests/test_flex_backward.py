@@ -1,0 +1,149 @@
+"""Gradients through neptune_eqsat.flex_attention: q, k, v and captured float tensors that require grad (a
+learnable bias table, ALiBi slopes), against torch's autograd of the plain attention math in float64, the
+callables applied the way FlexAttention applies them (one vmap per index). FlexAttention itself has no
+backward on CPU, so this reference stands in for it; on the GPU (NEPTUNE_TEST_DEVICE=cuda) the same tests run
+the compiled kernels."""
+import math
+import os
+
+import pytest
+import torch
+from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
+
+from neptune_eqsat import flex_attention
+
+DEVICE = os.environ.get("NEPTUNE_TEST_DEVICE", "cpu")
+TOL = {torch.float16: 2e-2, torch.bfloat16: 8e-2, torch.float32: 1e-3}
+
+
+def _vmapped(fn, n_args):
+    """FlexAttention's own application of a callable: one vmap per index, the key index innermost."""
+    lead = (0,) if n_args == 5 else ()
+    for k in range(4):
+        dims = [None] * 4
+        dims[3 - k] = 0
+        fn = torch.vmap(fn, in_dims=lead + tuple(dims), out_dims=0)
+    return fn
+
+
+def math_attention(q, k, v, score_mod=None, mask_mod=None, scale=None):
+    B, H, L, D = q.shape
+    S, G = k.shape[2], H // k.shape[1]
+    k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+    s = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(D) if scale is None else scale)
+    idx = [torch.arange(n, dtype=torch.int32) for n in (B, H, L, S)]
+    with TransformGetItemToIndex():
+        if score_mod is not None:
+            s = _vmapped(score_mod, 5)(s, *idx)
+        if mask_mod is not None:
+            s = torch.where(_vmapped(mask_mod, 4)(*idx), s, -math.inf)
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp(s - torch.where(m == -math.inf, 0, m))
+    l = p.sum(-1, keepdim=True)
+    return (p @ v) / torch.where(l == 0, 1, l)
+
+
+def run_both(shape, dtype, make_mods, learn=(), scale=None, seed=0):
+    """Gradients of neptune's flex_attention and of the float64 math for mods made by make_mods(tensors)."""
+    B, H, HKV, L, S, D = shape
+    g = torch.Generator().manual_seed(seed)
+    base = [torch.randn(B, H, L, D, generator=g), torch.randn(B, HKV, S, D, generator=g),
+            torch.randn(B, HKV, S, D, generator=g)] + [t.clone() for t in learn]
+    ours = [t.to(DEVICE, dtype if k < 3 else t.dtype).clone().requires_grad_() for k, t in enumerate(base)]
+    ref = [t.double().requires_grad_() for t in base]
+    out = flex_attention(*ours[:3], *make_mods(ours[3:]), scale=scale, enable_gqa=H != HKV)
+    grad = torch.randn(out.shape, generator=g)
+    out.backward(grad.to(out.device, out.dtype))
+    expect = math_attention(*ref[:3], *make_mods(ref[3:]), scale=scale)
+    expect.backward(grad.double())
+    assert (out.double().cpu() - expect).abs().max().item() < TOL[dtype]
+    for k, (a, r) in enumerate(zip(ours, ref)):
+        assert a.grad is not None and not torch.isnan(a.grad).any(), k
+        err = (a.grad.double().cpu() - r.grad).abs().max().item() / max(1.0, r.grad.abs().max().item())
+        assert err < TOL[dtype], (k, err)
+
+
+def causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_causal_gqa_with_a_learnable_bias_table_and_an_empty_row(dtype):
+    def mods(learned):
+        (bias,) = learned
+
+        def rel_bias(score, b, h, q_idx, kv_idx):
+            return score + bias[h, (q_idx - kv_idx).clamp(-8, 8) + 8]
+
+        def mask(b, h, q_idx, kv_idx):
+            return causal(b, h, q_idx, kv_idx) & (q_idx != 4)   # row 4 keeps no key: output and gradients 0
+        return rel_bias, mask
+    run_both((2, 4, 2, 29, 37, 16), dtype, mods, learn=[torch.randn(4, 17)])
+
+
+def test_learnable_alibi_slopes_and_soft_cap_in_fp32():
+    def mods(learned):
+        (slopes,) = learned
+
+        def alibi_capped(score, b, h, q_idx, kv_idx):
+            score = score + slopes[h] * (kv_idx - q_idx)
+            return 30 * torch.tanh(score / 30)
+        return alibi_capped, causal
+    run_both((1, 2, 2, 23, 23, 16), torch.float32, mods, learn=[torch.rand(2) * 0.5], scale=0.3)
+
+
+def test_decode_shaped_gradients():
+    def mods(learned):
+        return None, lambda b, h, q_idx, kv_idx: kv_idx <= q_idx + 40 - 3   # bottom-right causal
+    run_both((1, 4, 1, 3, 40, 16), torch.float16, mods)
+
+
+def test_no_gradient_needed_runs_no_backward():
+    q = torch.randn(1, 2, 8, 16, dtype=torch.float16, device=DEVICE)
+    out = flex_attention(q, q, q, mask_mod=causal)
+    assert out.grad_fn is None
+
+
+def test_a_small_transformer_trains_like_eager_attention():
+    """A one-layer transformer on random tokens: the loss with these kernels tracks the loss with eager
+    attention, step for step, from the same weights (fp32, so the curves differ only by rounding)."""
+    torch.manual_seed(0)
+    V, E, H, T = 13, 32, 2, 24
+
+    class Block(torch.nn.Module):
+        def __init__(self, attend):
+            super().__init__()
+            self.attend = attend
+            self.emb, self.qkv = torch.nn.Embedding(V, E), torch.nn.Linear(E, 3 * E)
+            self.out, self.head = torch.nn.Linear(E, E), torch.nn.Linear(E, V)
+
+        def forward(self, tokens):
+            x = self.emb(tokens)
+            q, k, v = self.qkv(x).view(1, T, 3, H, E // H).permute(2, 0, 3, 1, 4)
+            y = self.attend(q, k, v).transpose(1, 2).reshape(1, T, E)
+            return self.head(x + self.out(y))
+
+    def eager(q, k, v):
+        return math_attention(q, k, v, mask_mod=causal)
+
+    def ours(q, k, v):
+        return flex_attention(q, k, v, mask_mod=causal)
+
+    models = [Block(eager), Block(ours)]
+    models[1].load_state_dict(models[0].state_dict())
+    models[1].to(DEVICE)
+    tokens = torch.randint(0, V, (1, T + 1))
+    curves = []
+    for model in models:
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        losses = []
+        t = tokens.to(next(model.parameters()).device)
+        for _ in range(6):
+            loss = torch.nn.functional.cross_entropy(model(t[:, :-1])[0], t[0, 1:])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        curves.append(losses)
+    assert curves[0][-1] < curves[0][0] - 0.1   # it learns
+    assert max(abs(a - b) for a, b in zip(*curves)) < 1e-3, curves
