@@ -96,8 +96,11 @@ def main() -> None:
 @click.option("--device", "device_text", default=None, help=DEVICE_HELP)
 @click.option("--plan", default=None, help="Generate this plan family (rolled, unfused, split, ...+packed) instead "
                                            "of the best, e.g. to time it with tune.")
+@click.option("--backward", is_flag=True, help="Also derive the backward pass and emit its kernels in the same "
+                                               "module, with backward(*inputs, out=, grad_out=).")
 def optimize(spec_file: str, output: str | None, explain: bool, shape: str | None, max_nodes: int,
-             max_seconds: float, dtype: str | None, device_text: str | None, plan: str | None) -> None:
+             max_seconds: float, dtype: str | None, device_text: str | None, plan: str | None,
+             backward: bool) -> None:
     """Optimize SPEC_FILE and write the fused kernel module."""
     from .compiler import PlanError, optimize as run
     from .saturate import Limits
@@ -111,11 +114,34 @@ def optimize(spec_file: str, output: str | None, explain: bool, shape: str | Non
         raise click.ClickException(str(e)) from e
     if explain:
         click.echo(result.explain())
+    if backward:
+        result.source = _with_backward(result, sizes, Limits(max_nodes, max_seconds), explain)
     if output:
         _write(output, result.source)
         click.echo(f"wrote {output} ({result.chosen.family} plan, {result.chosen.sched.passes} pass(es))")
     elif not explain:
         click.echo(result.source)
+
+
+def _with_backward(result, sizes: dict[str, int], limits, explain: bool) -> str:
+    """The forward module's source with the derived backward's kernels beside it (codegen/backward_module.py)."""
+    from .autodiff import differentiate
+    from .codegen.backward_module import module_source
+    from .compiler import optimize as run
+
+    try:
+        bw = differentiate(result.spec)
+        sources = {}
+        for sub in [s.spec for s in bw.stages] + [p.spec for p in bw.parts]:
+            sub_sizes = {n: v for n, v in sizes.items() if n in sub.dims_}
+            sources[sub.output_name] = run(sub, sizes=sub_sizes, limits=limits, device=result.device,
+                                           spec_file=result.spec.name, out_file=sub.output_name).source
+        source = module_source(result.spec, result.source, bw, sources)
+    except SpecError as e:
+        raise click.ClickException(str(e)) from e
+    if explain:
+        click.echo("\n".join(bw.explain()))
+    return source
 
 
 @main.command()
