@@ -24,11 +24,11 @@ from __future__ import annotations
 import re
 import textwrap
 
-from neptune_eqsat import ir
+from neptune_eqsat import ir, ops
 from neptune_eqsat.ir import Term
 from neptune_eqsat.schedule import Schedule
 
-from .kernel import BIT_OPS, IDENTITY_CODE, Context, KernelWriter, Val, grid_sizes, jit_decorator
+from .kernel import IDENTITY_CODE, Context, KernelWriter, Val, grid_sizes, jit_decorator
 
 ROWS = 64                  # rows per consumer warpgroup: one m64 warpgroup product per block
 CONSUMERS = 2
@@ -65,12 +65,12 @@ class GluonWriter(KernelWriter):
         if (t.op == "axis" and t.attrs[0] in self.tile_axes and t.attrs[0] not in (self.row, self.loop)
                 and not self.indexing):
             raise NotEligible(f"the per-element work reads axis {t.attrs[0]}, which only the matrix products hold")
-        if (t.op == "un" and t.attrs[0] in ("erf", "floor", "ceil", "round", "trunc")) or (
-                t.op == "bin" and t.attrs[0] in BIT_OPS):
+        gluon = ops.OPS[t.op][t.attrs[0]].gluon if t.op in ops.OPS else None
+        if gluon == ops.NO_GLUON:
             raise NotEligible(f"{t.attrs[0]} has no Gluon lowering here")
-        if t.op == "un" and t.attrs[0] == "tanh":   # Gluon has no sigmoid: tanh(x) = 2 / (1 + 2^(-2x log2 e)) - 1
+        if gluon is not None:   # a lowering of its own rather than the Triton one renamed (only unary ones have)
             x = self.as_float(self.emit(t.args[0], prev))
-            return Val(self.put(blk, f"(2.0 / (1.0 + gl.exp2(-2.8853900817779268 * {x.code})) - 1.0)"), x.axes, "f32")
+            return Val(self.put(blk, gluon.format(x.code)), x.axes, "f32")
         return super()._emit(t, prev, blk)
 
     def expand(self, v: Val, axes: tuple[str, ...]) -> str:

@@ -13,7 +13,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from neptune_eqsat import ir
+from neptune_eqsat import ir, ops
 from neptune_eqsat.ir import Term
 from neptune_eqsat.schedule import Schedule
 from neptune_eqsat.spec import SpecError
@@ -21,28 +21,9 @@ from neptune_eqsat.spec import SpecError
 from . import masks
 
 TL_DTYPE = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32", "f64": "tl.float64"}
-UNARY_CODE = {
-    "neg": "-({})", "exp": "tl.exp({})", "exp2": "tl.math.exp2({})", "log": "tl.log({})", "sqrt": "tl.sqrt({})",
-    "abs": "tl.abs({})", "exp2_or_zero": "tl.where(tl.math.exp2({0}) < float('inf'), tl.math.exp2({0}), 0.0)",
-    "recip": "(1.0 / {})", "not": "({} == 0)",
-    "tanh": "(2.0 * tl.sigmoid(2.0 * {}) - 1.0)",
-    "logistic2": "(1.0 / (1.0 + tl.math.exp2({})))",   # 2^x overflows to inf only where the result is 0
-    "erf": "tl.erf({})", "floor": "tl.floor({})", "ceil": "tl.ceil({})",
-    "trunc": "tl.where({0} < 0, tl.ceil({0}), tl.floor({0}))",
-    # half to even: floor(x + 1/2), less one where x + 1/2 is an odd integer
-    "round": "(tl.floor({0} + 0.5) - tl.where((tl.floor({0} + 0.5) == {0} + 0.5) & (tl.floor({0} + 0.5) % 2 != 0), "
-             "1.0, 0.0))",
-    "finite_or_zero": "tl.where(tl.abs({0}) < float('inf'), {0}, 0.0)",
-    "exp_or_zero": "tl.where(tl.exp({0}) < float('inf'), tl.exp({0}), 0.0)",
-}
-BINARY_CODE = {
-    "add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} / {})",
-    "max": "tl.maximum({}, {})", "min": "tl.minimum({}, {})", "lt": "({} < {})", "le": "({} <= {})",
-    "gt": "({} > {})", "ge": "({} >= {})", "eq": "({} == {})", "ne": "({} != {})", "and": "({} & {})",
-    "or": "({} | {})", "floordiv": "({} // {})", "mod": "({} % {})", "bitand": "({} & {})", "bitor": "({} | {})",
-    "bitxor": "({} ^ {})", "shl": "({} << {})", "shr": "({} >> {})",
-}
-BIT_OPS = ("bitand", "bitor", "bitxor", "shl", "shr")
+UNARY_CODE = {name: op.triton for name, op in ops.UN.items()}
+BINARY_CODE = {name: op.triton for name, op in ops.BIN.items()}
+BIT_OPS = ops.named("bin", bitwise=True)
 IDENTITY_CODE = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}
 
 
@@ -85,8 +66,7 @@ def _nonnegative(t: Term) -> bool:
         return t.attrs[0] >= 0
     if t.op == "cast":
         return _nonnegative(t.args[0])
-    if t.op == "bin" and t.attrs[0] in ("add", "mul", "floordiv", "mod", "max", "min", "bitand", "bitor", "bitxor",
-                                        "shr", "shl"):
+    if t.op == "bin" and ops.BIN[t.attrs[0]].keeps_nonnegative:
         return all(_nonnegative(a) for a in t.args)
     if t.op == "where":
         return _nonnegative(t.args[1]) and _nonnegative(t.args[2])
@@ -218,7 +198,7 @@ class KernelWriter:
             return Val(self.put(blk, f"{x.code}.to({TL_DTYPE[at[0]]})"), x.axes, at[0])
         if op == "un":
             x = self.emit(ar[0], prev)
-            integral = at[0] in ("neg", "not", "abs")   # the ops that keep an integer an integer
+            integral = ops.UN[at[0]].keeps_integer
             if not integral:
                 x = self.as_float(self.int_as_float(x))
             dt = "bool" if at[0] == "not" else ("int" if x.dtype == "int" and integral else "f32")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from neptune_eqsat import ir
+from neptune_eqsat import ir, ops
 from neptune_eqsat.ir import Term
 
 INDEX_OPS = ("axis", "dim", "const")
@@ -151,21 +151,8 @@ def key_bounds(pred: Term, row: str, loop: str, name, i_lo: str, i_hi: str, n: s
 # ---- is skipping a masked element sound? -------------------------------------------------------------------
 FINITE = [-2.5, -0.3, 0.0, 0.3, 2.5]
 REDUCED = [-math.inf, -2.5, -0.3, 0.0, 0.3, 2.5]
-_NP_UN = {"neg": np.negative, "exp": np.exp, "exp2": np.exp2, "log": np.log, "tanh": np.tanh, "sqrt": np.sqrt,
-          "abs": np.abs,
-          "exp2_or_zero": lambda x: np.where(np.isfinite(np.exp2(x)), np.exp2(x), 0.0),
-          "recip": np.reciprocal, "not": np.logical_not,
-          "finite_or_zero": lambda x: np.where(np.isfinite(x), x, 0.0),
-          "exp_or_zero": lambda x: np.where(np.isfinite(np.exp(x)), np.exp(x), 0.0),
-          "logistic2": lambda x: 1.0 / (1.0 + np.exp2(x)), "erf": np.vectorize(math.erf), "floor": np.floor,
-          "ceil": np.ceil, "round": np.round, "trunc": np.trunc}
-_NP_BIN = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum,
-           "min": np.minimum, "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
-           "eq": np.equal, "ne": np.not_equal, "and": np.logical_and, "or": np.logical_or,
-           "floordiv": np.floor_divide, "mod": np.mod,
-           **{fn: (lambda op: lambda a, b: op(np.int64(a), np.int64(b)).astype(np.float64))(op)
-              for fn, op in (("bitand", np.bitwise_and), ("bitor", np.bitwise_or), ("bitxor", np.bitwise_xor),
-                             ("shl", np.left_shift), ("shr", np.right_shift))}}
+_NP_UN = ops.forms("un", "numpy", np)
+_NP_BIN = ops.forms("bin", "numpy", np)
 
 
 def _index_condition(t: Term) -> bool:

@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import ir, profiles
+from . import ir, ops, profiles
 from .ir import Term
 from .schedule import Schedule
 
 DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
-TRANSCENDENTAL = {"exp", "exp2", "exp2_or_zero", "exp_or_zero", "log", "tanh", "sqrt", "recip", "logistic2"}
+TRANSCENDENTAL = set(ops.named("un", transcendental=True))
 
 
 @dataclass(frozen=True)

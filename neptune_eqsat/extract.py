@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from egglog import EGraph, get_callable_args, get_callable_fn, get_literal_value
 
-from . import ir
+from . import ir, ops
 from .cost import PlanCost, plan_cost
 from .eterm import ETerm, deps, free, nonpositive
 from .ir import Term
@@ -30,8 +30,7 @@ from .saturate import Saturation
 from .schedule import TILE_LIMIT, Schedule, schedule
 from .spec import Spec
 
-OP_WORK = {"exp": 8.0, "exp_or_zero": 9.0, "exp2": 2.0, "exp2_or_zero": 3.0, "log": 4.0, "tanh": 6.0, "sqrt": 2.0,
-           "recip": 2.0, "div": 2.0, "finite_or_zero": 1.0, "logistic2": 3.0, "erf": 8.0, "round": 4.0, "trunc": 2.0}
+OP_WORK = {name: op.work for kind in ops.OPS.values() for name, op in kind.items()}
 ZERO = (0, 0, 0, 0.0)
 LAYOUT_MARGIN = 1.05
 

@@ -31,13 +31,14 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-UNARY = ("neg", "exp", "log", "tanh", "sqrt", "abs", "recip", "finite_or_zero", "exp_or_zero", "exp2", "exp2_or_zero", "not",
-         "logistic2",   # logistic2(x) = 1 / (1 + 2^x), the logistic function in base 2: 1 at -inf, 0 at +inf
-         "erf", "floor", "ceil", "round", "trunc")   # round: half to even, as torch.round
-ARITH = ("add", "sub", "mul", "div", "max", "min")
-COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
-LOGIC = ("and", "or")
-INTEGER = ("floordiv", "mod", "bitand", "bitor", "bitxor", "shl", "shr")   # bit operations of integers
+from . import ops
+
+# the scalar ops and their forms live in ops.py; these are their names, grouped as callers test them
+UNARY = ops.named("un")
+ARITH = ops.named("bin", group="arith")
+COMPARE = ops.named("bin", group="compare")
+LOGIC = ops.named("bin", group="logic")
+INTEGER = ops.named("bin", group="integer")   # floor division and bit operations of integers
 BINARY = ARITH + COMPARE + LOGIC + INTEGER
 REDUCERS = {"sum": 0.0, "max": -math.inf, "min": math.inf}  # reducer -> identity
 DTYPES = ("f16", "bf16", "f32", "f64")
@@ -147,8 +148,7 @@ def substitute(t: Term, mapping: dict[Term, Term]) -> Term:
     return go(t)
 
 
-_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
-          "eq": "==", "ne": "!=", "and": "&", "or": "|", "floordiv": "//", "mod": "%"}
+_INFIX = {name: op.infix for name, op in ops.BIN.items() if op.infix}
 
 
 def show(t: Term) -> str:

@@ -11,7 +11,7 @@ from functools import lru_cache
 
 import sympy as sp
 
-from . import verdicts
+from . import ops, verdicts
 
 
 def _max(*xs):
@@ -53,11 +53,8 @@ def simplifies_to(e: sp.Expr, value: sp.Expr) -> bool:
 
 class SymOps:
     """Builds sympy expressions from rule patterns."""
-    UN = {"neg": lambda a: -a, "exp": sp.exp, "exp2": lambda a: 2 ** a, "log": sp.log, "tanh": sp.tanh, "sqrt": sp.sqrt, "abs": sp.Abs,
-          "recip": lambda a: 1 / a, "logistic2": lambda a: 1 / (1 + 2 ** a), "erf": sp.erf, "floor": sp.floor,
-          "ceil": sp.ceiling}
-    BIN = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-           "div": lambda a, b: a / b, "max": sp.Max, "min": sp.Min}
+    UN = ops.forms("un", "sympy", sp)
+    BIN = ops.forms("bin", "sympy", sp)
 
     def un(self, fn, a): return self.UN[fn](a)
     def bin(self, fn, a, b): return self.BIN[fn](a, b)

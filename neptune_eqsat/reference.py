@@ -10,6 +10,7 @@ import string
 
 import torch
 
+from . import ops
 from .ir import Term, walk
 from .spec import Spec, SpecError
 
@@ -52,25 +53,8 @@ def _union(*vals: Value) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _on_integers(op):
-    """A bit operation of values held as float64 (every value of the reference is)."""
-    return lambda a, b: op(a.long(), b.long()).to(torch.float64)
-
-
-_UN = {"neg": torch.neg, "exp": torch.exp, "log": torch.log, "tanh": torch.tanh, "sqrt": torch.sqrt,
-       "abs": torch.abs, "exp2": torch.exp2,
-       "exp2_or_zero": lambda x: torch.where(torch.isfinite(torch.exp2(x)), torch.exp2(x), torch.zeros_like(x)), "recip": torch.reciprocal,
-       "logistic2": lambda x: torch.sigmoid(-x * math.log(2.0)), "not": torch.logical_not,
-       "erf": torch.erf, "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "trunc": torch.trunc,
-       "finite_or_zero": lambda x: torch.where(torch.isfinite(x), x, torch.zeros_like(x)),
-       "exp_or_zero": lambda x: torch.where(torch.isfinite(torch.exp(x)), torch.exp(x), torch.zeros_like(x))}
-_BIN = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,
-        "min": torch.minimum, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq": torch.eq,
-        "ne": torch.ne, "and": torch.logical_and, "or": torch.logical_or,
-        "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"), "mod": torch.remainder,
-        **{fn: _on_integers(op) for fn, op in (("bitand", torch.bitwise_and), ("bitor", torch.bitwise_or),
-                                               ("bitxor", torch.bitwise_xor), ("shl", torch.bitwise_left_shift),
-                                               ("shr", torch.bitwise_right_shift))}}
+_UN = ops.forms("un", "torch", torch)
+_BIN = ops.forms("bin", "torch", torch)
 
 
 class Evaluator:

@@ -12,6 +12,7 @@ from typing import Callable
 import sympy as sp
 from egglog import Ruleset, eq, rule, ruleset, union, var
 
+from . import ops
 from .eterm import ETerm
 from .proof import SymOps, proves
 
@@ -85,12 +86,8 @@ class ShowOps:
 
 class NumOps:
     """Evaluates rule patterns on floats."""
-    UN = {"neg": lambda a: -a, "exp": math.exp, "exp2": lambda a: 2.0 ** a, "log": math.log, "tanh": math.tanh,
-          "sqrt": math.sqrt, "abs": abs, "recip": lambda a: 1 / a,
-          "logistic2": lambda a: 1 / (1 + 2.0 ** a) if a < 1024 else 0.0, "erf": math.erf, "floor": math.floor,
-          "ceil": math.ceil}
-    BIN = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-           "div": lambda a, b: a / b, "max": max, "min": min}
+    UN = {name: op.python for name, op in ops.UN.items()}
+    BIN = {name: op.python for name, op in ops.BIN.items()}
     REDUCE = {"sum": BIN["add"], "max": max, "min": min}   # a reducer's binary step
 
     def un(self, fn, a): return self.UN[fn](a)

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import ir
+from . import ir, ops
 from .ir import Term
 
 __all__ = ["Spec", "Dim", "SpecError", "f16", "bf16", "f32", "inf", "nan", "sum", "max", "min", "exp", "log",
@@ -286,7 +286,7 @@ def _substitute_bottom_up(t: Term, rename: dict[Term, Term]) -> Term:
 
 def _un(fn: str, x) -> Expr:
     if isinstance(x, (int, float)) and not isinstance(x, bool):
-        return {"exp": math.exp, "log": math.log, "tanh": math.tanh, "sqrt": math.sqrt, "abs": builtins.abs}[fn](x)
+        return ops.UN[fn].python(x)
     return Expr(Term("un", (fn,), (_wrap(x).term,), _origin()))
 
 
@@ -297,7 +297,7 @@ def sqrt(x): return _un("sqrt", x)
 def abs(x): return _un("abs", x)  # noqa: A001
 
 
-_FLIPPED = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
+_FLIPPED = {name: op.negation for name, op in ops.BIN.items() if op.negation}
 _INDEX_ARITHMETIC = ("add", "sub", "mul") + ir.INTEGER
 
 
