@@ -38,7 +38,8 @@ class Result:
         sat = self.saturation
         by_name = {r.name: r for r in ALL_RULES}
         lines = [f"spec {self.spec.name}: {ir.show(self.spec.output_term)}", "",
-                 f"e-graph: {sat.nodes} e-nodes after {sat.steps} steps in {sat.seconds:.2f} s ({sat.stop})",
+                 f"e-graph: {sat.summary()}",
+                 f"saturation rounds: {' -> '.join(sat.schedule)}, one step of each family per round",
                  "rules that fired (matches):"]
         for name, n in sorted(sat.fired.items(), key=lambda kv: (by_name[kv[0]].family if kv[0] in by_name else "",
                                                                   kv[0])):

@@ -1,0 +1,88 @@
+"""Saturation in rounds of rule families: the same plans as a fixed budget of steps, stops it reports, limits."""
+import time
+from collections import Counter
+
+import pytest
+from egglog import EGraph, back_off, run, seq
+
+from neptune_eqsat.codegen.module import module_source
+from neptune_eqsat.compiler import optimize
+from neptune_eqsat.cost import Device
+from neptune_eqsat.eterm import Mirror
+from neptune_eqsat.extract import candidates
+from neptune_eqsat.saturate import SCHEDULE, Limits, Saturation, saturate
+from neptune_eqsat.spec import load_spec
+
+from conftest import SPECS
+
+CHOSEN = {"alibi_dc": "split", "alibi_pf": "rolled", "attention_rmsnorm": "rolled", "causal_dc": "split",
+          "causal_pf": "rolled", "cross_entropy": "split", "global_pf": "rolled", "gqa_dc": "split+packed",
+          "gqa_pf": "rolled", "log_softmax": "rolled", "max_normalized_sum": "split",
+          "sigmoid_attention": "unfused", "softcap_dc": "split+packed", "softcap_pf": "rolled", "softmax": "rolled",
+          "window_pf": "rolled"}
+
+
+def fixed_steps(term, steps: int = 12, match_limit: int = 400) -> Saturation:
+    """The driver the rounds replaced: every family in one step, for a fixed number of steps."""
+    from neptune_eqsat.rules import FAMILIES, analysis
+    eg, mirror = EGraph(), Mirror()
+    root = eg.let("root", mirror.to_egg(term))
+    eg.register(*mirror.facts)
+    scheduler = back_off(match_limit=match_limit, ban_length=2)
+    step = seq(analysis.saturate(), *(run(rs, scheduler=scheduler) for rs, _ in FAMILIES.values()))
+    for _ in range(steps):
+        if not eg.run(step).updated:
+            break
+    eg.run(analysis.saturate())
+    return Saturation(eg, root, mirror, Counter())
+
+
+def test_every_spec_is_in_the_table():
+    assert set(CHOSEN) == {p.stem for p in SPECS.glob("*.py")}
+
+
+@pytest.mark.parametrize("name", sorted(CHOSEN))
+def test_rounds_extract_the_plans_of_the_fixed_budget(name):
+    spec = load_spec(SPECS / f"{name}.py")
+    sizes, device = dict(spec.typical), Device()
+    new = candidates(saturate(spec.output_term), spec, sizes, device)
+    old = candidates(fixed_steps(spec.output_term), spec, sizes, device)
+    assert [(c.family, c.term) for c in new] == [(c.family, c.term) for c in old]
+    assert new[0].family == CHOSEN[name]
+    assert module_source(new[0].sched, name, "plan") == module_source(old[0].sched, name, "plan")
+
+
+@pytest.mark.parametrize("name, stop", [("softmax", "saturated"), ("causal_pf", "saturated"),
+                                        ("softcap_pf", "plan stable"), ("window_pf", "plan stable")])
+def test_stop_reason(name, stop):
+    sat = saturate(load_spec(SPECS / f"{name}.py").output_term)
+    assert sat.stop == stop
+    assert sat.schedule == SCHEDULE and sat.steps == sat.rounds * len(SCHEDULE) and sat.seconds > 0
+    assert sat.summary().endswith(f"stopped: {stop}")
+
+
+@pytest.mark.parametrize("limits, stop", [(Limits(max_nodes=30), "node limit"), (Limits(max_seconds=0), "time limit")])
+def test_limits_still_return_a_plan(limits, stop):
+    spec = load_spec(SPECS / "softcap_pf.py")
+    t0 = time.perf_counter()
+    sat = saturate(spec.output_term, limits)
+    assert sat.stop.startswith(stop) and sat.rounds == 1
+    assert time.perf_counter() - t0 < 5
+    assert candidates(sat, spec, dict(spec.typical), Device())
+
+
+def test_explain_reports_steps_rounds_time_and_stop():
+    result = optimize(SPECS / "softcap_pf.py", limits=Limits(max_nodes=30))
+    text = result.explain()
+    sat = result.saturation
+    assert f"e-graph: {sat.nodes} e-nodes after {sat.steps} steps in 1 round, {sat.seconds:.2f} s; " \
+           f"stopped: node limit" in text
+    assert "saturation rounds: " + " -> ".join(SCHEDULE) in text
+    assert result.source
+
+
+def test_a_subset_of_families_runs_in_the_schedule_order():
+    term = load_spec(SPECS / "softmax.py").output_term
+    assert saturate(term, families=["rolling", "algebra"]).schedule == ("algebra", "rolling")
+    with pytest.raises(KeyError, match="no rule family nope"):
+        saturate(term, families=["algebra", "nope"])
