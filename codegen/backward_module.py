@@ -124,7 +124,9 @@ def module_source(spec: Spec, forward_source: str, backward: Backward, sources: 
         # the output's axes are the index's in order, less those the gradient does not vary along (size 1 here)
         shape = ", ".join(f"g.shape[{present.index(a)}]" if a in present else "1" for a in part.axes)
         lines.append(f"    g = g.reshape({shape},)")
-        if part.direct:
+        if part.groups is not None:   # plain axes, and key heads h // G: sums over groups, no scatter
+            for k, c in part.groups:
+                lines.append(f"    g = g.unflatten({k}, (-1, {c})).sum({k + 1}) if g.shape[{k}] > 1 else g * {c}")
             lines.append(f"    grads[{part.input!r}] += g")
         else:
             index = ", ".join(f"{index_code(x, part.axes, spec)}.long()" for x in part.index)

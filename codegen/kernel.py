@@ -73,6 +73,13 @@ def _nonnegative(t: Term) -> bool:
     return False
 
 
+def _rounded_to(t: Term, dtype: str) -> bool:
+    """Is t a product whose every factor is a cast to `dtype`?"""
+    if t.op == "bin" and t.attrs[0] == "mul":
+        return all(_rounded_to(a, dtype) for a in t.args)
+    return t.op == "cast" and t.attrs[0] == dtype
+
+
 def pow2(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
@@ -365,6 +372,7 @@ class KernelWriter:
         va, vb = self.ordered(a, (x, k), prev), self.ordered(b, (k, y), prev)
         if zero_invalid:
             va = Val(self.put(self.ctx.body, f"tl.where(valid_{k}[None, :], {va.code}, 0.0)"), va.axes, va.dtype)
+        va, vb = self.rounded_product(a, va, vb, blk), self.rounded_product(b, vb, va, blk)
         if va.dtype != vb.dtype or va.dtype not in ("f16", "bf16"):
             va, vb = self.as_float(va), self.as_float(vb)
             self.f32_dot = True
@@ -373,6 +381,15 @@ class KernelWriter:
             # Triton's interpreter multiplies bf16 tiles wrongly: there (only) they are multiplied as fp32
             va, vb = (Val(self.put(blk or self.ctx.body, f"{v.code}.to(BF16_DOT)"), v.axes, v.dtype) for v in (va, vb))
         return va, vb, x, y, ""
+
+    def rounded_product(self, t: Term, v: Val, other: Val, blk: str | None) -> Val:
+        """A matrix operand that is a product of factors each rounded to the other operand's 16-bit dtype
+        (cast(a, f16) * cast(b, f16)) is taken in that dtype, as the product of one rounded value would be: the
+        algebra rules move a cast of a product onto one factor, and an fp32 operand would make the whole matrix
+        product run in fp32."""
+        if v.dtype == other.dtype or other.dtype not in ("f16", "bf16") or not _rounded_to(t, other.dtype):
+            return v
+        return Val(self.put(blk or self.ctx.body, f"{v.code}.to({TL_DTYPE[other.dtype]})"), v.axes, other.dtype)
 
     def inner_reduction(self, t: Term, prev: bool, blk: str) -> Val:
         reducer, k = t.attrs[:2]

@@ -59,6 +59,22 @@ class GradPart:
         each input dimension by its own axis, in order."""
         return tuple(ir.axis(a) for a in self.axes) == self.index
 
+    @property
+    def groups(self) -> tuple[tuple[int, int], ...] | None:
+        """Where the index reads dimension k at `axis // c` (a query head's key head h // G) and every other
+        dimension by its own axis, in order: the gradient is the output summed over groups of c along k, (k, c)
+        for each such dimension; None where the index is anything else (scattered with index_put)."""
+        found = []
+        for k, (t, ax) in enumerate(zip(self.index, self.axes)):
+            if t == ir.axis(ax):
+                continue
+            if (t.op == "bin" and t.attrs[0] == "floordiv" and t.args[0] == ir.axis(ax) and t.args[1].op == "const"
+                    and t.args[1].attrs[0] == int(t.args[1].attrs[0]) >= 1):
+                found.append((k, int(t.args[1].attrs[0])))
+                continue
+            return None
+        return tuple(found) if len(self.index) == len(self.axes) else None
+
 
 @dataclass
 class Backward:
@@ -221,16 +237,105 @@ def _grad_part(spec: Spec, load: Term, a: Term, extra: dict, k: int) -> GradPart
     for t in index:
         keep += [x for x in _axes_in_order(t) if x not in keep]
     a = total(a, frozenset(x for x in a.free if x in keep or _is_long(spec, x)))   # short axes: inside
-    rest = sorted(a.free - set(keep), key=lambda x: -_typical(spec, x))
-    if rest:   # the longest axis is the kernel's loop; the others are summed on the host
+    # the loop: an axis the forward reduces over where there is one (the keys for a slope's gradient, as the
+    # forward's own loop), else the longest; the others are summed on the host
+    reduced = {t.attrs[1] for t in ir.walk(spec.output_term) if ir.is_reduction(t)}
+    rest = sorted(a.free - set(keep), key=lambda x: (x not in reduced, -_typical(spec, x)))
+    if rest:
         a = ir.red("sum", rest[0], a)
-    host = tuple(rest[1:])
+    # the host's axes in the forward output's order, so the gradient kernel's rows are the forward's rows
+    host = tuple(sorted(rest[1:], key=lambda x: (spec.output_axes.index(x) if x in spec.output_axes else 99, x)))
     # an axis the gradient does not vary along is not an output axis (no input might carry its size): the
     # host broadcasts along it
     out_axes = tuple(x for x in keep if x in a.free) + host
     part_name = f"{spec.name}_d{name}{k}"
     sub = _sub_spec(spec, part_name, a, out_axes, extra)
     return GradPart(name, sub, tuple(index), tuple(keep), host)
+
+
+SIXTEEN = ("f16", "bf16")
+
+
+def _products(t: Term, dtypes: dict[str, str]) -> Term:
+    """Sums of products written as matrix products: factors that do not vary along the summed axis move out
+    (sum_e (dO / L) * V = (sum_e dO * V) / L; constants likewise), and where one of the two operands left is a
+    16-bit tensor the other is rounded to its dtype, as the forward rounds its probabilities before P V: the
+    adjoint's dS and P / L meet dO, K and Q on the tensor cores in 16 bits, accumulating in fp32."""
+    memo: dict[Term, Term] = {}
+
+    def go(x: Term) -> Term:
+        if x in memo:
+            return memo[x]
+        y = Term(x.op, x.attrs, tuple(go(a) for a in x.args), x.origin) if x.args else x
+        if y.op == "red" and y.attrs[0] == "sum":
+            y = _as_product(y, dtypes)
+        memo[x] = y
+        return y
+    return go(t)
+
+
+def _as_product(r: Term, dtypes: dict[str, str]) -> Term:
+    ax = r.attrs[1]
+    num, den = _factors(r.args[0])
+    inner = [f for f in num if ax in f.free]
+    if len(inner) < 2:
+        return r
+    outer = [f for f in num if ax not in f.free]
+    inner_den = [f for f in den if ax in f.free]
+    outer_den = [f for f in den if ax not in f.free]
+    wide = next((f for f in inner if _sixteen(f, dtypes)), None)
+    at = inner.index(wide) if wide is not None else 0
+    first, rest = inner[at], inner[:at] + inner[at + 1:]   # x * x: the same term twice
+    second = _product(rest)
+    for d in inner_den:
+        second = ir.bin("div", second, d)
+    dtype = _sixteen(first, dtypes)
+    if dtype and _sixteen(second, dtypes) != dtype:
+        second = _rounded(second, dtype, dtypes)
+    out = Term("red", r.attrs, (ir.bin("mul", first, second),), r.origin)
+    for f in outer:
+        out = ir.bin("mul", out, f)
+    for d in outer_den:
+        out = ir.bin("div", out, d)
+    return out
+
+
+def _rounded(t: Term, dtype: str, dtypes: dict[str, str]) -> Term:
+    """t rounded to `dtype` factor by factor: a cast of a product is the same value, but the algebra rules may
+    move such a cast onto one factor (cast(a * b) = cast(a) * b), which leaves an fp32 operand."""
+    if t.op == "bin" and t.attrs[0] == "mul":
+        return ir.bin("mul", _rounded(t.args[0], dtype, dtypes), _rounded(t.args[1], dtype, dtypes))
+    return t if _sixteen(t, dtypes) == dtype else ir.cast(dtype, t)
+
+
+def _factors(t: Term) -> tuple[list[Term], list[Term]]:
+    """t as a product of numerator factors over denominator factors."""
+    if t.op == "bin" and t.attrs[0] == "mul":
+        (n1, d1), (n2, d2) = _factors(t.args[0]), _factors(t.args[1])
+        return n1 + n2, d1 + d2
+    if t.op == "bin" and t.attrs[0] == "div":
+        (n1, d1), (n2, d2) = _factors(t.args[0]), _factors(t.args[1])
+        return n1 + d2, d1 + n2
+    if t.op == "un" and t.attrs[0] == "neg":
+        n, d = _factors(t.args[0])
+        return [ir.const(-1.0)] + n, d
+    return [t], []
+
+
+def _product(fs: list[Term]) -> Term:
+    out = fs[0]
+    for f in fs[1:]:
+        out = ir.bin("mul", out, f)
+    return out
+
+
+def _sixteen(t: Term, dtypes: dict[str, str]) -> str | None:
+    """The 16-bit dtype of a tensor read or a cast, else None."""
+    if t.op == "load" and dtypes.get(t.attrs[0]) in SIXTEEN:
+        return dtypes[t.attrs[0]]
+    if t.op == "cast" and t.attrs[0] in SIXTEEN:
+        return t.attrs[0]
+    return None
 
 
 def _plain(t: Term) -> Term:
@@ -268,7 +373,9 @@ def _tensor_of(spec: Spec, axes: tuple[str, ...], dtype: str) -> tuple[str, tupl
 
 def _sub_spec(spec: Spec, name: str, term: Term, axes: tuple[str, ...], extra: dict) -> Spec:
     """A spec over the same dims and axes reading the inputs `term` reads (the forward's, in their order, then
-    the backward's own), with output `term` over `axes` in fp32."""
+    the backward's own), with output `term` over `axes` in fp32, its sums of products in matrix-product form."""
+    dtypes = {n: t.dtype for n, t in spec.inputs.items()} | {n: d for n, (d, _) in extra.items()}
+    term = _products(term, dtypes)
     sub = Spec(f"{spec.name}_{name}" if not name.startswith(spec.name) else name)
     sub.dims_, sub.typical, sub.axes_ = dict(spec.dims_), dict(spec.typical), dict(spec.axes_)
     read = {t.attrs[0] for t in ir.walk(term) if t.op == "load"}

@@ -105,7 +105,9 @@ def _accumulate(spec: Spec, part: GradPart, g: torch.Tensor, acc: torch.Tensor, 
     if part.host_sum:
         g = g.sum(dim=tuple(range(len(present), len(axes))))
     g = _align((g, present), part.axes)   # size 1 along the index's axes the gradient does not vary along
-    if part.direct:
+    if part.groups is not None:   # plain axes, and key heads h // G: sums over groups, no scatter
+        for k, c in part.groups:
+            g = g.unflatten(k, (-1, c)).sum(k + 1) if g.shape[k] > 1 else g * c   # c equal terms
         acc += g
         return
     read = {t.attrs[0] for x in part.index for t in ir.walk(x) if t.op == "load"}

@@ -1,0 +1,218 @@
+"""The backward pass of the six prefill operators: the kernels `optimize --backward` derives from each spec,
+beside FlexAttention's backward, SDPA's cuDNN and flash backward where they express the op, and torch.compile of
+the plain math.
+
+    python bench/backward.py --generate [--dtype bf16]           # here, with the compiler: bench/generated/backward/
+    python bench/backward.py --seqs 4096,16384 [--dtype bf16]     # on the GPU: table, JSON and PNG in --out
+
+Each system's backward alone is timed (the forward runs once; torch's systems call autograd.grad on the kept
+graph; neptune's module calls backward(q, k, v, out=, grad_out=), which also computes the ALiBi slopes'
+gradient). Throughput counts 2.5 times the forward's useful FLOPs. Our gradients are checked against float64
+autograd of the plain math on the first group of heads (every query head of KV head 0).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from attention import D, OPS, alibi_slopes, attention_math, flex_args, load_module, work  # noqa: E402
+
+PREFILL = [name for name, op in OPS.items() if op.mode == "prefill"]
+GENERATED = HERE / "generated" / "backward"
+SYSTEMS = ("neptune", "flex", "sdpa_cudnn", "sdpa_flash", "inductor")
+TOL = {"fp16": 3e-2, "bf16": 1e-1}
+
+
+def generate(dtype: str) -> None:
+    GENERATED.mkdir(parents=True, exist_ok=True)
+    for name in PREFILL:
+        out = GENERATED / f"{name}_{dtype}.py"
+        cmd = ["neptune-eqsat", "optimize", str(HERE.parent / "specs" / f"{name}.py"), "--backward", "-o", str(out)]
+        if dtype == "bf16":
+            cmd += ["--dtype", "bf16"]
+        subprocess.run(cmd, check=True)
+
+
+def grads_of(fn, inputs, grad):
+    """A call running the backward of fn's graph (built once) with autograd.grad."""
+    out = fn()
+    return lambda: torch.autograd.grad(out, inputs, grad, retain_graph=True)
+
+
+def system_call(name, op, module, q, k, v, slopes, grad):
+    import torch.nn.functional as F
+    gqa = op.hq != op.hkv
+    if name == "neptune":
+        args = (q, k, v, slopes) if op.mod == "alibi" else (q, k, v)
+        plain = [t.detach() for t in args]
+        out = module.forward(*plain)
+        return lambda: module.backward(*plain, out=out, grad_out=grad)
+    if name == "flex":
+        from torch.nn.attention.flex_attention import flex_attention
+        case = type("Case", (), {"op": op, "slopes": slopes, "q": q, "k": k, "device": "cuda"})
+        mod, block_mask, _ = flex_args(case)
+        compiled = torch.compile(flex_attention, dynamic=False)
+        return grads_of(lambda: compiled(q, k, v, score_mod=mod, block_mask=block_mask, enable_gqa=gqa),
+                        (q, k, v), grad)
+    if name.startswith("sdpa"):
+        if op.mod is not None or op.mask not in (None, "causal"):
+            return None
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backend = {"sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION}[name]
+
+        def call():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=op.mask == "causal", enable_gqa=gqa)
+        return grads_of(call, (q, k, v), grad)
+    if name == "inductor":
+        compiled = torch.compile(lambda q, k, v: attention_math(op, q, k, v, slopes), dynamic=False)
+        return grads_of(lambda: compiled(q, k, v), (q, k, v), grad)
+    raise ValueError(name)
+
+
+def check(op, module, q, k, v, slopes, grad, dtype) -> float:
+    """Largest error of our gradients relative to their scale, against float64 autograd on heads of KV head 0;
+    beyond 4096 keys (where that reference would not fit), dQ of the last 256 query rows of query head 0."""
+    group = op.hq // op.hkv
+    hq, hkv = (group, 1) if group > 1 else (2, 2)
+    args = (q, k, v, slopes) if op.mod == "alibi" else (q, k, v)
+    out = module.forward(*[t.detach() for t in args])
+    ours = module.backward(*[t.detach() for t in args], out=out, grad_out=grad)
+    S = q.shape[2]
+    rows = slice(0, S) if S <= 4096 else slice(S - 256, S)
+    hq, hkv, names = (hq, hkv, 3) if S <= 4096 else (1, 1, 1)
+    ref = [t.detach()[:, :n].double().requires_grad_() for t, n in ((q, hq), (k, hkv), (v, hkv))]
+    q_rows = ref[0][:, :, rows]
+    expect = attention_math(op, q_rows, ref[1], ref[2], slopes[:hq].double(), q_offset=rows.start)
+    expect.backward(grad[:, :hq, rows].double())
+    worst = 0.0
+    for got, r, n in list(zip(ours[:3], ref, (hq, hkv, hkv)))[:names]:
+        want = r.grad[:, :, rows] if r is ref[0] else r.grad
+        got = got[:, :n, rows] if r is ref[0] else got[:, :n]
+        scale = max(1.0, want.abs().max().item())
+        worst = max(worst, (got.double() - want).abs().max().item() / scale)
+    if worst > TOL[dtype]:
+        raise AssertionError(f"{op.name}: gradients off by {worst:.3g} (relative), tolerance {TOL[dtype]}")
+    return worst
+
+
+def run(args) -> list[dict]:
+    import triton.testing
+    dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    rows = []
+    for name in args.ops.split(","):
+        op = OPS[name]
+        module = load_module(GENERATED / f"{name}_{args.dtype}.py")
+        for S in (int(s) for s in args.seqs.split(",")):
+            g = torch.Generator(device="cuda").manual_seed(0)
+            q, k, v = (torch.randn(1, h, S, D, device="cuda", dtype=dt, generator=g).requires_grad_()
+                       for h in (op.hq, op.hkv, op.hkv))
+            slopes = alibi_slopes(op.hq, "cuda")
+            grad = torch.randn(1, op.hq, S, D, device="cuda", dtype=dt, generator=g)
+            flops = 2.5 * work(op, 1, S, S)[0]
+            err = check(op, module, q, k, v, slopes, grad, args.dtype)
+            for system in args.systems.split(","):
+                row = {"op": name, "S": S, "dtype": args.dtype, "system": system}
+                try:
+                    call = system_call(system, op, module, q, k, v, slopes, grad)
+                    if call is None:
+                        continue
+                    ms = triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
+                    row.update(ms=ms, tflops=flops / ms / 1e9)
+                    if system == "neptune":
+                        row["max_rel_error"] = err
+                except Exception as e:   # a system that fails (out of memory, no kernel) is a row saying so
+                    row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+                torch.cuda.empty_cache()
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
+
+
+def breakdown(args) -> None:
+    """The time of each kernel module of our backward (stages and gradient kernels), and the host's part."""
+    import time
+    dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    for name in args.ops.split(","):
+        op = OPS[name]
+        module = load_module(GENERATED / f"{name}_{args.dtype}.py")
+        S = int(args.seqs.split(",")[0])
+        q, k, v = (torch.randn(1, h, S, D, device="cuda", dtype=dt) for h in (op.hq, op.hkv, op.hkv))
+        args_ = (q, k, v, alibi_slopes(op.hq, "cuda")) if op.mod == "alibi" else (q, k, v)
+        out = module.forward(*args_)
+        grad = torch.randn_like(out)
+        times: dict[str, list[float]] = {}
+        run_one = module._run
+
+        def timed(kernel, t, reads):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            result = run_one(kernel, t, reads)
+            torch.cuda.synchronize()
+            times.setdefault(kernel, []).append((time.perf_counter() - start) * 1e3)
+            return result
+        module._run = timed
+        for _ in range(4):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            module.backward(*args_, out=out, grad_out=grad)
+            torch.cuda.synchronize()
+            total = (time.perf_counter() - start) * 1e3
+        module._run = run_one
+        parts = ", ".join(f"{k} {min(v):.3f}" for k, v in times.items())
+        print(f"{name} S={S}: backward {total:.3f} ms; kernels (ms): {parts}", flush=True)
+
+
+def table(rows: list[dict]) -> str:
+    shapes = sorted({(r["op"], r["S"]) for r in rows}, key=lambda x: (PREFILL.index(x[0]), x[1]))
+    systems = [s for s in SYSTEMS if any(r["system"] == s for r in rows)]
+    lines = ["| op | S | " + " | ".join(systems) + " | neptune / flex |", "|---|---|" + "---|" * (len(systems) + 1)]
+    for op, S in shapes:
+        got = {r["system"]: r for r in rows if (r["op"], r["S"]) == (op, S)}
+        cells = [f"{got[s]['tflops']:.0f}" if "tflops" in got.get(s, {}) else ("fail" if s in got else "-")
+                 for s in systems]
+        ratio = (got["neptune"]["tflops"] / got["flex"]["tflops"]
+                 if "tflops" in got.get("neptune", {}) and "tflops" in got.get("flex", {}) else math.nan)
+        lines.append(f"| {op} | {S} | " + " | ".join(cells) + f" | {ratio:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--generate", action="store_true")
+    p.add_argument("--breakdown", action="store_true", help="time each kernel module of our backward")
+    p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    p.add_argument("--ops", default=",".join(PREFILL))
+    p.add_argument("--seqs", default="4096,16384")
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--out", default=str(HERE / "results" / "backward"))
+    args = p.parse_args()
+    if args.generate:
+        generate(args.dtype)
+        return
+    if args.breakdown:
+        breakdown(args)
+        return
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                         text=True).stdout.strip()
+    rows = run(args)
+    text = f"backward TFLOP/s (2.5x forward FLOPs), {gpu}, torch {torch.__version__}, {args.dtype}, B=1, D={D}\n\n"
+    text += table(rows)
+    print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"backward_{args.dtype}.json").write_text(json.dumps({"gpu": gpu, "torch": torch.__version__,
+                                                                 "rows": rows}, indent=1))
+    (out / f"backward_{args.dtype}.md").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
