@@ -229,7 +229,7 @@ spec.output("o", f16, sum(j, cast(p, f16) * v[b, h // 2, j, e]) / where(l == 0, 
 
 
 @pytest.mark.parametrize("source,sizes", [("specs/cross_entropy.py", {"R": 5, "V": 33}),
-                                          (SMALL_ALIBI_GQA, {"B": 2, "S": 21})])
+                                          (SMALL_ALIBI_GQA, {"B": 2, "S": 21})], ids=["label", "gqa_alibi"])
 def test_optimize_backward_writes_one_standalone_module(tmp_path, source, sizes):
     """The module's backward (kernels, host sums and scatters at a label and at a key head h // G) against
     float64 autograd; it imports only torch and triton."""
