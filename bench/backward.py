@@ -59,6 +59,7 @@ def system_call(name, op, module, q, k, v, slopes, grad):
         from torch.nn.attention.flex_attention import flex_attention
         case = type("Case", (), {"op": op, "slopes": slopes, "q": q, "k": k, "device": "cuda"})
         mod, block_mask, _ = flex_args(case)
+        torch._dynamo.reset()   # a fresh compile per shape: past the recompile limit dynamo falls back to eager
         compiled = torch.compile(flex_attention, dynamic=False)
         return grads_of(lambda: compiled(q, k, v, score_mod=mod, block_mask=block_mask, enable_gqa=gqa),
                         (q, k, v), grad)
