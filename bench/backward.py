@@ -23,7 +23,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from attention import D, OPS, alibi_slopes, attention_math, flex_args, load_module, work  # noqa: E402
+from attention import D, OPS, Case, alibi_slopes, attention_math, flex_args, load_module, work  # noqa: E402
 
 PREFILL = [name for name, op in OPS.items() if op.mode == "prefill"]
 GENERATED = HERE / "generated" / "backward"
@@ -57,8 +57,7 @@ def system_call(name, op, module, q, k, v, slopes, grad):
         return lambda: module.backward(*plain, out=out, grad_out=grad)
     if name == "flex":
         from torch.nn.attention.flex_attention import flex_attention
-        case = type("Case", (), {"op": op, "slopes": slopes, "q": q, "k": k, "device": "cuda"})
-        mod, block_mask, _ = flex_args(case)
+        mod, block_mask, _ = flex_args(Case(op, q, k, v, slopes, "cuda"))
         torch._dynamo.reset()   # a fresh compile per shape: past the recompile limit dynamo falls back to eager
         compiled = torch.compile(flex_attention, dynamic=False)
         return grads_of(lambda: compiled(q, k, v, score_mod=mod, block_mask=block_mask, enable_gqa=gqa),

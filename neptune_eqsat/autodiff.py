@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from . import ir
 from .derivatives import local_adjoints, plus, shift_invariant, total
 from .ir import Term
-from .schedule import _is_large as _LONG
+from .schedule import is_large
 from .spec import Extent, Spec, SpecError, Tensor
 
 FLOATS = ("f16", "bf16", "f32", "f64")
@@ -54,16 +54,12 @@ class GradPart:
     host_sum: tuple[str, ...] = ()
 
     @property
-    def direct(self) -> bool:
-        """The gradient is the output as it is (broadcast along axes it does not vary along): the index reads
-        each input dimension by its own axis, in order."""
-        return tuple(ir.axis(a) for a in self.axes) == self.index
-
-    @property
     def groups(self) -> tuple[tuple[int, int], ...] | None:
         """Where the index reads dimension k at `axis // c` (a query head's key head h // G) and every other
         dimension by its own axis, in order: the gradient is the output summed over groups of c along k, (k, c)
         for each such dimension; None where the index is anything else (scattered with index_put)."""
+        if len(self.index) != len(self.axes):
+            return None
         found = []
         for k, (t, ax) in enumerate(zip(self.index, self.axes)):
             if t == ir.axis(ax):
@@ -73,7 +69,13 @@ class GradPart:
                 found.append((k, int(t.args[1].attrs[0])))
                 continue
             return None
-        return tuple(found) if len(self.index) == len(self.axes) else None
+        return tuple(found)
+
+    @property
+    def direct(self) -> bool:
+        """The gradient is the output as it is (broadcast along axes it does not vary along): the index reads
+        each input dimension by its own axis, in order."""
+        return self.groups == ()
 
 
 @dataclass
@@ -92,7 +94,8 @@ class Backward:
         for s in self.stages:
             lines.append(f"  stage {s.name}[{', '.join(s.axes)}] = {ir.show(s.spec.output_term)}")
         for p in self.parts:
-            where = "" if p.direct else f" scattered at [{', '.join(ir.show(t) for t in p.index)}]"
+            index = ", ".join(ir.show(t) for t in p.index)
+            where = "" if p.direct else f" summed in groups at [{index}]" if p.groups else f" scattered at [{index}]"
             summed = f", host sum over {', '.join(p.host_sum)}" if p.host_sum else ""
             lines.append(f"  d{p.input}{where}{summed}: {p.spec.name} = {ir.show(p.spec.output_term)}")
         return lines
@@ -128,10 +131,11 @@ def differentiate(spec: Spec, wrt: tuple[str, ...] | None = None) -> Backward:
     if not sites:
         bw.notes.append("the output does not depend on the inputs differentiated")
     stager = _Stager(spec, bw, extra, grad_name=bw.grad_name)
+    reduced = {t.attrs[1] for t in ir.walk(T) if ir.is_reduction(t)}
     for load, contributions in sites:
         for a in _by_axes(contributions):
             a = stager.replace(ir.substitute(a, saved))
-            bw.parts.append(_grad_part(spec, load, a, extra, len(bw.parts)))
+            bw.parts.append(_grad_part(spec, load, a, extra, len(bw.parts), reduced))
     return bw
 
 
@@ -192,7 +196,7 @@ def _adjoints(spec: Spec, T: Term, seed: Term, zero: set[Term]) -> dict[Term, li
 
 
 def _is_long(spec: Spec, ax: str) -> bool:
-    return _LONG(spec.axes_[ax])
+    return is_large(spec.axes_[ax])
 
 
 ZERO = ir.const(0.0)
@@ -229,8 +233,9 @@ class _Stager:
         return self.done[r]
 
 
-def _grad_part(spec: Spec, load: Term, a: Term, extra: dict, k: int) -> GradPart:
-    """The kernel of one read of an input: output over the axes of its index, reducing over the rest."""
+def _grad_part(spec: Spec, load: Term, a: Term, extra: dict, k: int, reduced: set[str]) -> GradPart:
+    """The kernel of one read of an input: output over the axes of its index, reducing over the rest (first
+    over an axis in `reduced`, the forward's reduction axes)."""
     name = load.attrs[0]
     index = tuple(_plain(t) for t in load.args)
     keep: list[str] = []
@@ -239,7 +244,6 @@ def _grad_part(spec: Spec, load: Term, a: Term, extra: dict, k: int) -> GradPart
     a = total(a, frozenset(x for x in a.free if x in keep or _is_long(spec, x)))   # short axes: inside
     # the loop: an axis the forward reduces over where there is one (the keys for a slope's gradient, as the
     # forward's own loop), else the longest; the others are summed on the host
-    reduced = {t.attrs[1] for t in ir.walk(spec.output_term) if ir.is_reduction(t)}
     rest = sorted(a.free - set(keep), key=lambda x: (x not in reduced, -_typical(spec, x)))
     if rest:
         a = ir.red("sum", rest[0], a)
@@ -377,7 +381,6 @@ def _sub_spec(spec: Spec, name: str, term: Term, axes: tuple[str, ...], extra: d
     dtypes = {n: t.dtype for n, t in spec.inputs.items()} | {n: d for n, (d, _) in extra.items()}
     term = _products(term, dtypes)
     sub = Spec(f"{spec.name}_{name}" if not name.startswith(spec.name) else name)
-    sub.dims_, sub.typical, sub.axes_ = dict(spec.dims_), dict(spec.typical), dict(spec.axes_)
     read = {t.attrs[0] for t in ir.walk(term) if t.op == "load"}
     for n, t in spec.inputs.items():
         if n in read:

@@ -163,8 +163,6 @@ def _sym(t: Term, r: Term, shift, env: dict[str, int], names: dict) -> sp.Expr:
         return sp.Piecewise((_sym(ar[1], r, shift, env, names), flag), (_sym(ar[2], r, shift, env, names), True))
     if op == "un" and at[0] in proof.SymOps.UN:
         return proof.SymOps.UN[at[0]](_sym(ar[0], r, shift, env, names))
-    if op == "un" and at[0] in ("exp_or_zero",):
-        return sp.exp(_sym(ar[0], r, shift, env, names))
     if op == "bin" and at[0] in proof.SymOps.BIN:
         return proof.SymOps.BIN[at[0]](*(_sym(a, r, shift, env, names) for a in ar))
     raise _Unproved

@@ -155,13 +155,14 @@ def _store(source: str, key: str) -> Path:
     return path
 
 
-def cached_source(key: str, spec: Spec) -> Path:
+def cached_source(key: str, spec: Spec, spec_file: str = "flex_attention") -> Path:
     """The generated module of a traced spec in the disk cache, optimized now if it is not there yet; not
-    imported (a machine without a GPU can fill the cache for one with)."""
+    imported (a machine without a GPU can fill the cache for one with). `spec_file` names where the spec came
+    from in the module's header."""
     path = cache_dir() / f"flex_{key}.py"
     if not path.exists():
         from .compiler import optimize
-        _store(optimize(spec, spec_file="flex_attention", out_file=path.name).source, key)
+        _store(optimize(spec, spec_file=spec_file, out_file=path.name).source, key)
     return path
 
 
@@ -206,7 +207,7 @@ def _problem_text(spec: Spec, problem: Problem) -> str:
         f"{n}:{t.dtype}:{t.shape}" for n, t in spec.inputs.items())
 
 
-def compiled_module(key: str, spec: Spec, interpret: bool) -> ModuleType:
+def compiled_module(key: str, spec: Spec, interpret: bool, spec_file: str = "flex_attention") -> ModuleType:
     """The generated module for a traced spec: from memory, else from the disk cache, else optimized now."""
     mod = _MEMORY.get((key, interpret))
     if mod is not None:
@@ -214,7 +215,7 @@ def compiled_module(key: str, spec: Spec, interpret: bool) -> ModuleType:
     with _LOCK:
         mod = _MEMORY.get((key, interpret))
         if mod is None:
-            source = cached_source(key, spec).read_text()
+            source = cached_source(key, spec, spec_file).read_text()
             mod = _MEMORY[(key, interpret)] = _load(source, key, interpret)
     return mod
 
@@ -238,11 +239,17 @@ def run_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, captur
     if captures:
         captures = [_as_kernel_input(c, query.device) for c in captures]
     compiled.check_indices(query, key, captures)
-    if query.device.type != "cpu":
-        return compiled.module.forward(query, key, value, *captures)
+    return run_kernels(query.device, lambda: compiled.module.forward(query, key, value, *captures))
+
+
+def run_kernels(device: torch.device, call):
+    """call(), which runs generated kernels: as it is on a GPU, under Triton's interpreter on the CPU (which
+    reads the setting while it runs, too)."""
+    if device.type != "cpu":
+        return call()
     _check_interpreter()
-    with _triton_interpret(True):   # the interpreter reads the setting while it runs, too
-        return compiled.module.forward(query, key, value, *captures)
+    with _triton_interpret(True):
+        return call()
 
 
 _CONVERTED: dict[int, tuple] = {}   # id of a captured tensor -> (weak ref, version, device, converted tensor)
@@ -349,14 +356,7 @@ def run_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ou
     names = tuple(wrt.split(","))
     inputs = {"q": query, "k": key, "v": value}
     inputs.update({f"capture{k}": _as_kernel_input(c, query.device) for k, c in enumerate(captures)})
-    backward = compiled.backward(names)
-    grad = grad.contiguous()
-    if query.device.type != "cpu":
-        grads = backward.grads(inputs, out, grad)
-    else:
-        _check_interpreter()
-        with _triton_interpret(True):
-            grads = backward.grads(inputs, out, grad)
+    grads = compiled.backward(names).grads(inputs, out, grad.contiguous())   # each kernel run by run_kernels
     return [grads[n] for n in names]
 
 

@@ -45,7 +45,7 @@ class Schedule:
         return self.spec.extent(ax)
 
 
-def _is_large(ext) -> bool:
+def is_large(ext) -> bool:
     return not isinstance(ext, int) or ext > TILE_LIMIT
 
 
@@ -90,11 +90,11 @@ def _apart(spec: Spec, term: Term, axes: set[str]) -> Term:
 
 def schedule(spec: Spec, term: Term) -> Schedule:
     reds = [t for t in ir.walk(term) if ir.is_reduction(t)]
-    shadowed = {t.attrs[1] for t in reds if t.attrs[1] in spec.output_axes and not _is_large(spec.extent(t.attrs[1]))}
+    shadowed = {t.attrs[1] for t in reds if t.attrs[1] in spec.output_axes and not is_large(spec.extent(t.attrs[1]))}
     if shadowed:
         term = _apart(spec, term, shadowed)
         reds = [t for t in ir.walk(term) if ir.is_reduction(t)]
-    loop_axes = sorted({t.attrs[1] for t in reds if _is_large(spec.extent(t.attrs[1]))})
+    loop_axes = sorted({t.attrs[1] for t in reds if is_large(spec.extent(t.attrs[1]))})
     if len(loop_axes) > 1:
         raise SpecError(f"spec {spec.name}: reductions over several long axes {loop_axes}; one kernel loops over "
                         f"one axis")
@@ -102,12 +102,12 @@ def schedule(spec: Spec, term: Term) -> Schedule:
     inner = tuple(sorted({t.attrs[1] for t in reds if t.attrs[1] != loop}))
     out_axes = list(spec.output_axes)
     col = None
-    if len(out_axes) > 1 and out_axes[-1] != loop and not _is_large(spec.extent(out_axes[-1])):
+    if len(out_axes) > 1 and out_axes[-1] != loop and not is_large(spec.extent(out_axes[-1])):
         col = out_axes.pop()
     rest = [a for a in out_axes if a != loop]
     row = None
     for a in reversed(rest):
-        if _is_large(spec.extent(a)):
+        if is_large(spec.extent(a)):
             row = a
             break
     if row is None and rest:

@@ -11,7 +11,6 @@ the compiler's own source, the spec's terms, its inputs' dtypes and shapes).
 from __future__ import annotations
 
 import hashlib
-import threading
 from types import ModuleType
 
 import torch
@@ -22,8 +21,6 @@ from .reference import Evaluator, _align, bind_sizes
 from .spec import Spec
 
 TORCH = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
-_MODULES: dict[tuple[str, bool], ModuleType] = {}
-_LOCK = threading.Lock()
 
 
 def spec_key(spec: Spec) -> str:
@@ -35,36 +32,19 @@ def spec_key(spec: Spec) -> str:
 
 
 def module_for(spec: Spec, interpret: bool) -> ModuleType:
-    """The generated module of `spec`: from memory, else the disk cache, else optimized now."""
-    from .flex import _load, _store, cache_dir
-    key = spec_key(spec)
-    mod = _MODULES.get((key, interpret))
-    if mod is None:
-        with _LOCK:
-            mod = _MODULES.get((key, interpret))
-            if mod is None:
-                path = cache_dir() / f"flex_{key}.py"
-                if path.exists():
-                    source = path.read_text()
-                else:
-                    from .compiler import optimize
-                    source = optimize(spec, spec_file=spec.name, out_file=path.name).source
-                    _store(source, key)
-                mod = _MODULES[(key, interpret)] = _load(source, key, interpret)
-    return mod
+    """The generated module of `spec`: from memory, else the disk cache, else optimized now (the FlexAttention
+    front end's cache, keyed by the spec itself)."""
+    from .flex import compiled_module
+    return compiled_module(spec_key(spec), spec, interpret, spec_file=spec.name)
 
 
 def run_spec(spec: Spec, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
     """Run `spec`'s kernel on the named tensors (each converted to the dtype the spec declares)."""
-    from .flex import _triton_interpret
+    from .flex import run_kernels
     device = next(iter(tensors.values())).device
-    interpret = device.type == "cpu"
     args = [tensors[n].to(TORCH[t.dtype]).contiguous() for n, t in spec.inputs.items()]
-    mod = module_for(spec, interpret)
-    if not interpret:
-        return mod.forward(*args)
-    with _triton_interpret(True):
-        return mod.forward(*args)
+    mod = module_for(spec, device.type == "cpu")
+    return run_kernels(device, lambda: mod.forward(*args))
 
 
 class CompiledBackward:

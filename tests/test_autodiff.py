@@ -20,8 +20,7 @@ DT = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 
 # ---- each op's derivative, proved --------------------------------------------------------------------------------
 A, X, Y = sp.symbols("A x y", real=True)
-_SYMPY_FORM = {**proof.SymOps.UN, "exp_or_zero": sp.exp, "exp2_or_zero": lambda a: 2 ** a,
-               "finite_or_zero": lambda a: a}
+_SYMPY_FORM = proof.SymOps.UN   # the op registry's sympy forms
 
 
 def _to_sympy(t: ir.Term, env: dict) -> sp.Expr:
