@@ -136,11 +136,16 @@ def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, devic
         spec = spec.retyped(dtype)
     sizes = {**spec.typical, **(sizes or {})}
     device = device or Device.detect()
-    sat = saturate(spec.output_term, limits)
     measured = measured_plans(spec.name, sizes, device.name)
+    sat = saturate(spec.output_term, limits)
     cands = candidates(sat, spec, sizes, device, plan_times(measured))
+    if sat.rejected:   # an extraction that did not read as the spec's term: saturate once more, afresh
+        again = saturate(spec.output_term, limits)
+        again.rejected[:0] = [f"(first saturation) {r}" for r in sat.rejected]
+        sat, cands = again, candidates(again, spec, sizes, device, plan_times(measured))
     if not cands:
-        raise SpecError(f"spec {spec.name}: no plan could be extracted")
+        why = "; ".join(sat.rejected) or "every form left in the e-graph is banned in every plan family"
+        raise SpecError(f"spec {spec.name}: no plan could be extracted ({why})")
     if plan is not None:
         cands = _force(cands, plan, spec.name)
     best = cands[0]

@@ -133,6 +133,17 @@ def node_cost(family: str, weight, load_axes, long_axes: set[str], known: Analys
     return cost
 
 
+def _as_written(spec: Spec, sizes: dict[str, int], device) -> list[Candidate]:
+    """The spec's own term as the unfused plan, for when extraction gave none: it is always a term of the spec,
+    and an extraction that names what the spec lacks (seen rarely, and not reproducibly) must cost speed, never
+    the kernel."""
+    try:
+        sched = schedule(spec, spec.output_term)
+    except Exception:   # a term that needs the rewrites to be scheduled at all: the caller reports no plan
+        return []
+    return [Candidate("unfused", spec.output_term, sched, plan_cost(sched, sizes, device))]
+
+
 def _malformed(spec: Spec, term: Term) -> str:
     """Why an extracted term is not a term of the spec (a reduction over an axis the spec lacks, a read of an
     unknown input), or "" when it is one."""
@@ -183,6 +194,8 @@ def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device,
             psched = schedule(*packed)
             psizes = {**sizes, **{d: g * sizes[base] for d, (g, base) in packed[0].derived.items()}}
             out.append(Candidate(kind + "+packed", packed[1], psched, plan_cost(psched, psizes, device)))
+    if not any(c.family == "unfused" for c in out):
+        out += _as_written(spec, sizes, device)
     for cand in out:
         cand.measured = (measured or {}).get(cand.family)
     out.sort(key=Candidate.rank)

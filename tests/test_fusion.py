@@ -147,6 +147,33 @@ def test_a_malformed_extracted_term_is_rejected_not_scheduled():
     assert "not an input" in _malformed(spec, ir.load("y", ir.axis("r")))
 
 
+def test_when_every_extraction_is_malformed_the_spec_as_written_is_compiled(monkeypatch):
+    """An extraction that does not read as a term of the spec (rare, not reproducible) costs a second
+    saturation and at worst the fusion, never the kernel: the compiler saturates afresh, then falls back to
+    the spec's own term as its unfused plan, and that kernel is correct."""
+    import neptune_eqsat.compiler as compiler
+    from neptune_eqsat.eterm import Mirror
+    saturations = []
+    real_saturate = compiler.saturate
+
+    def counted(*args, **kwargs):
+        saturations.append(1)
+        return real_saturate(*args, **kwargs)
+    monkeypatch.setattr(compiler, "saturate", counted)
+    monkeypatch.setattr(Mirror, "from_egg", lambda self, e: ir.red("sum", "add", ir.load("x", ir.axis("r"))))
+    path = str(SPECS / "softmax.py")
+    result = optimize(path)
+    assert len(saturations) == 2
+    assert [c.family for c in result.candidates] == ["unfused"]
+    assert result.chosen.term == load_spec(path).output_term
+    assert any("first saturation" in r for r in result.saturation.rejected)
+    from neptune_eqsat.reference import evaluate, random_inputs, tolerance
+    from neptune_eqsat.runtime import load_module
+    inputs = random_inputs(result.spec, {"R": 3, "N": 29}, seed=2)
+    out = load_module(result.source, "softmax_as_written").forward(*inputs.values())
+    assert (out.double() - evaluate(result.spec, inputs)).abs().max().item() <= tolerance(result.spec.output_dtype)
+
+
 def test_a_label_gather_reads_labels_drawn_in_range():
     """Inputs read as an index (labels) are drawn as integers inside the dimension they index, so the check
     exercises the gather; the loss matches float64 at sizes off the blocks."""
