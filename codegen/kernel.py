@@ -398,15 +398,22 @@ class KernelWriter:
             va, vb, x, y, prec = self.dot_operands(body, k, prev, zero_invalid=False, blk=blk)
             v = Val(self.put(blk, f"tl.dot({va.code}, {vb.code}{prec})"), (x, y), "f32")
             return self.reorder(v, blk)
-        x = self.as_float(self.emit(body, prev))
-        if k not in x.axes:
-            raise SpecError(f"{ir.show(t)}: the reduced value does not vary along {k}")
+        x = self.along(self.as_float(self.emit(body, prev)), k, blk)
         if self.padded(k):
             x = Val(self.put(blk, f"tl.where({self.expand(Val(f'valid_{k}', (k,), 'bool'), x.axes)}, {x.code}, "
                                   f"{IDENTITY_CODE[reducer]})"), x.axes, "f32")
         fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[reducer]
         rest = tuple(a for a in x.axes if a != k)
         return Val(self.put(blk, f"{fn}({x.code}, axis={x.axes.index(k)})"), rest, "f32")
+
+    def along(self, x: Val, k: str, blk: str) -> Val:
+        """x as a tile over k: a body that does not vary along the reduced axis (a count, sum_j 1) is the same
+        value at every k, and the lanes past the axis's end are masked like any other."""
+        if k in x.axes:
+            return x
+        axes = self.canon(x.axes + (k,))
+        lanes = Val(f"tl.full([{self.block(k)}], 1.0, tl.float32)", (k,), "f32")
+        return Val(self.put(blk, f"{self.expand(x, axes)} * {self.expand(lanes, axes)}"), axes, "f32")
 
     def reorder(self, v: Val, blk: str) -> Val:
         want = self.canon(v.axes)
@@ -443,9 +450,7 @@ class KernelWriter:
                 raise SpecError(f"{ir.show(r)}: product layout {(x, y)} does not match its result {st.axes}")
             self.blocks[blk].append(f"{st.code} = tl.dot({va.code}, {vb.code}, {cur.code}{prec})")
             return
-        x = self.as_float(self.emit(body))
-        if k not in x.axes:
-            raise SpecError(f"{ir.show(r)}: the reduced value does not vary along {k}")
+        x = self.along(self.as_float(self.emit(body)), k, blk)
         if self.ctx.masked:
             x = Val(self.put(blk, f"tl.where({self.expand(Val(f'valid_{k}', (k,), 'bool'), x.axes)}, {x.code}, "
                                   f"{IDENTITY_CODE[reducer]})"), x.axes, "f32")

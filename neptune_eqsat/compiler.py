@@ -137,10 +137,10 @@ def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, devic
     sizes = {**spec.typical, **(sizes or {})}
     device = device or Device.detect()
     measured = measured_plans(spec.name, sizes, device.name)
-    sat = saturate(spec.output_term, limits)
+    sat = saturate(spec.output_term, limits, extents=spec.axis_dims)
     cands = candidates(sat, spec, sizes, device, plan_times(measured))
     if sat.rejected:   # an extraction that did not read as the spec's term: saturate once more, afresh
-        again = saturate(spec.output_term, limits)
+        again = saturate(spec.output_term, limits, extents=spec.axis_dims)
         again.rejected[:0] = [f"(first saturation) {r}" for r in sat.rejected]
         sat, cands = again, candidates(again, spec, sizes, device, plan_times(measured))
     if not cands:

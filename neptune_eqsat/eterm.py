@@ -61,6 +61,17 @@ def nonpositive(e: ETerm) -> i64:
     """1 when the value is known to be <= 0 (so exp of it cannot overflow); read by the cost model."""
 
 
+@function
+def extent(axis: StringLike) -> String:
+    """The dim an axis runs over, where the spec names one (set from Python when the term is added)."""
+
+
+@function(merge=lambda old, new: old.max(new))
+def whole_count(e: ETerm) -> i64:
+    """1 for a dim some axis runs over: dividing a running sum over that axis by it gives the whole row's
+    mean only once the row is done; read by the cost model."""
+
+
 class Mirror:
     """Converts IR terms to e-graph terms and back; remembers load indices."""
 

@@ -23,7 +23,7 @@ from egglog import EGraph, get_callable_args, get_callable_fn, get_literal_value
 
 from . import ir, ops
 from .cost import PlanCost, plan_cost
-from .eterm import ETerm, deps, free, nonpositive
+from .eterm import ETerm, deps, free, nonpositive, whole_count
 from .ir import Term
 from .layout import pack_group_rows
 from .saturate import Saturation
@@ -81,7 +81,7 @@ class Analyses:
             return self.memo[key]
         name = str(get_callable_fn(expr)).split(".")[-1]
         args = get_callable_args(expr)
-        risks, ax, waits_on_ax = 0, None, False
+        risks, ax, waits_on_ax, fixed = 0, None, False, 0
         if name in ("axis", "dim", "const", "acc"):
             own = 1.0
         elif name == "load":
@@ -96,18 +96,24 @@ class Analyses:
                 fn = get_literal_value(args[0])
                 own *= OP_WORK.get(fn, 1.0)
                 risks = int(fn in ("exp", "exp2") and not self.nonpositive(args[1]))
+                # a running sum over the whole row's count: a repair across it cancels (the sum over the
+                # prefix's own count, a mean of the prefix, does not); only a risk in a pass that repairs
+                fixed = int(fn == "div" and self.flag(whole_count, args[2]))
             elif ax is not None:
                 own *= weight({ax})
                 waits_on_ax = ax in self.axes(deps, args[3] if name == "split" else args[2])
             elif name == "cast":
                 own *= 0.5
-        self.memo[key] = (name, own, risks, ax, waits_on_ax)
+        self.memo[key] = (name, own, risks, ax, waits_on_ax, fixed)
         return self.memo[key]
 
     def nonpositive(self, expr) -> bool:
-        key = (nonpositive, expr.__egg_typed_expr__)
+        return self.flag(nonpositive, expr)
+
+    def flag(self, table, expr) -> bool:
+        key = (table, expr.__egg_typed_expr__)
         if key not in self.memo:
-            self.memo[key] = self.eg.lookup_function_value(nonpositive(expr)) is not None
+            self.memo[key] = self.eg.lookup_function_value(table(expr)) is not None
         return self.memo[key]
 
 
@@ -120,7 +126,8 @@ def node_cost(family: str, weight, load_axes, long_axes: set[str], known: Analys
     def cost(eg: EGraph, expr, kids: list) -> tuple:
         if not isinstance(expr, ETerm):   # literals (names, numbers)
             return ZERO
-        name, own, risks, ax, waits_on_ax = known.node(expr, weight, load_axes)
+        name, own, risks, ax, waits_on_ax, fixed = known.node(expr, weight, load_axes)
+        risks += fixed if family != "unfused" else 0
         banned = waits = 0
         if name in ("red", "roll", "split"):
             if family == "split":

@@ -21,9 +21,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from egglog import EGraph, back_off, run, seq
+from egglog import EGraph, back_off, run, seq, set_
 
-from .eterm import ETerm, Mirror, egraph_size
+from .eterm import ETerm, Mirror, egraph_size, extent
 from .ir import Term
 
 # algebra exposes the separable form of reduction bodies; reduction moves what does not vary out of them, so
@@ -69,14 +69,16 @@ def _fingerprint(eg: EGraph) -> int:
                           for n in nodes.values()))
 
 
-def saturate(term: Term, limits: Limits | None = None, families: list[str] | None = None) -> Saturation:
+def saturate(term: Term, limits: Limits | None = None, families: list[str] | None = None,
+             extents: dict[str, str] | None = None) -> Saturation:
+    """`extents`: axis -> the dim it runs over, for the rules that read it (a count over j is that dim)."""
     from .rules import FAMILIES, analysis  # the rules import the engine, not the other way round at load
 
     limits = limits or Limits()
     eg = EGraph()
     mirror = Mirror()
     root = eg.let("root", mirror.to_egg(term))
-    eg.register(*mirror.facts)
+    eg.register(*mirror.facts, *(set_(extent(a)).to(d) for a, d in sorted((extents or {}).items())))
     order = [f for f in SCHEDULE if f in FAMILIES] + [f for f in FAMILIES if f not in SCHEDULE]   # new ones last
     unknown = set(families or ()) - set(FAMILIES)
     if unknown:

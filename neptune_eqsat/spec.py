@@ -262,6 +262,11 @@ class Spec:
     def extent(self, ax: str) -> Extent:
         return self.axes_[ax]
 
+    @property
+    def axis_dims(self) -> dict[str, str]:
+        """Axis -> the name of the run-time dim it runs over (axes of a fixed extent left out)."""
+        return {a: e.name for a, e in self.axes_.items() if isinstance(e, Dim)}
+
     def validate(self) -> None:
         if self.output_term is None:
             raise SpecError(f"spec {self.name}: no output (call spec.output(name, dtype, value, *axes))")

@@ -1,11 +1,17 @@
 """Rewrite rules, one family per module. Each rule carries its proof obligation; only proved rules run."""
+from neptune_eqsat.rulebook import make_ruleset
+
 from .algebra import RULES as ALGEBRA, algebra
 from .analysis import analysis
 from .reduction import RULES as REDUCTION, reduction
-from .rolling import RULES as ROLLING, rolling
+from .moments import RULES as MOMENTS
+from .rolling import RULES as ROLLING
 from .scalar import RULES as SCALAR, scalar
 from .splitk import RULES as SPLITK, splitk
 from .substitution import RULES as SUBSTITUTION, substitution
+
+ROLLING = ROLLING + MOMENTS   # the moments' rolling update runs in the rolling family's step
+rolling = make_ruleset("rolling", ROLLING)
 
 FAMILIES = {"algebra": (algebra, ALGEBRA), "reduction": (reduction, REDUCTION),
             "substitution": (substitution, SUBSTITUTION), "rolling": (rolling, ROLLING), "scalar": (scalar, SCALAR),

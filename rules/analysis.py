@@ -4,7 +4,7 @@ They add no e-nodes; they are run to a fixpoint before every rewriting step.
 """
 from egglog import String, eq, f64, i64, rule, ruleset, set_, var
 
-from neptune_eqsat.eterm import AxisSet, ETerm, deps, free, nonpositive
+from neptune_eqsat.eterm import AxisSet, ETerm, deps, extent, free, nonpositive, whole_count
 
 analysis = ruleset(name="analysis")
 RULES: list = []  # no rewrites: nothing to prove
@@ -47,3 +47,5 @@ for fn in ("max", "min", "add"):
                     .then(set_(nonpositive(e)).to(1)))
 analysis.append(rule(e == ETerm.bin("mul", a, ETerm.const(v)), eq(nonpositive(a)).to(i64(1)), v >= 0.0)
                 .then(set_(nonpositive(e)).to(1)))
+
+analysis.append(rule(e == ETerm.dim(n), eq(extent(j)).to(n)).then(set_(whole_count(e)).to(1)))

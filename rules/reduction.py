@@ -7,9 +7,9 @@ identity (an empty range stays empty).
 import functools
 
 import sympy as sp
-from egglog import String, rule, union, var
+from egglog import String, eq, rule, union, var
 
-from neptune_eqsat.eterm import ETerm, free
+from neptune_eqsat.eterm import ETerm, extent, free
 from neptune_eqsat.proof import IDENTITY, REDUCER_OPS, SymOps, proves, simplifies_to
 from neptune_eqsat.rulebook import NumOps, Rule, close, make_ruleset
 
@@ -53,5 +53,25 @@ RULES = [Rule(f"{r}-pull-{op}", "reduction", f"{r}_j(x {op} c) = {r}_j(x) {op} c
               _egglog(r, op, f"{r}-pull-{op}"), _obligation(r, op), _numeric(r, op), 4,
               (f"{r}(j, x[i, j] {op} c[i])", f"{r}(j, x[i, j]) {op} c[i]"))
          for r in REDUCER_OPS for op in OPS]
+
+
+
+def _count_egglog() -> list:
+    a, m, j, n = var("a", ETerm), var("matched", ETerm), var("j", String), var("n", String)
+    total = ETerm.red("sum", j, a)
+    return [rule(m == ETerm.bin("div", total, ETerm.dim(n)), eq(extent(j)).to(n), name="mean-as-count")
+            .then(union(m).with_(ETerm.bin("div", total, ETerm.red("sum", j, ETerm.const(1.0)))))]
+
+
+def _count_obligation() -> tuple[str, bool]:
+    k, n = sp.Symbol("k", integer=True), sp.Symbol("N", integer=True, positive=True)
+    return "sum_{k=0}^{N-1} 1 = N", simplifies_to(sp.summation(sp.Integer(1), (k, 0, n - 1)), n)
+
+
+# a mean over j divides by the count of j: as a reduction too, its value over a prefix of j is the prefix's
+# count, so a rolled loop reads the prefix's own mean (moments.py: Welford's update) instead of a partial sum
+# over the whole row's count
+RULES.append(Rule("mean-as-count", "reduction", "sum_j(a) / N = sum_j(a) / sum_j(1) where j runs over N",
+                  _count_egglog, _count_obligation, None, 0, ("sum(j, x[i, j]) / N", "sum(j, x[i, j]) / sum(j, 1)")))
 
 reduction = make_ruleset("reduction", RULES)

@@ -13,7 +13,7 @@ from egglog import String, rule, union, var
 
 from neptune_eqsat.eterm import ETerm, deps, free
 from neptune_eqsat.proof import REDUCER_OPS, RP, R, T, derive_repair
-from neptune_eqsat.rulebook import NumOps, Rule, close, make_ruleset
+from neptune_eqsat.rulebook import NumOps, Rule, close
 
 COMBINERS = ("add", "sub", "mul", "div")
 
@@ -108,5 +108,3 @@ RULES = [Rule(f"roll-{r}-{c}", "rolling",
               f"{r}_j({c}(u, x)) in one pass with the reductions x waits for, repaired by the derived h",
               _egglog(r, c, f"roll-{r}-{c}"), _obligation(r, c), _numeric(r, c), 6, _example(r, c))
          for r in REDUCER_OPS for c in COMBINERS]
-
-rolling = make_ruleset("rolling", RULES)

@@ -15,11 +15,13 @@ the cost model (and by the generated launcher at run time).
 import functools
 
 import sympy as sp
-from egglog import String, rule, union, var
+from egglog import String, eq, rule, union, var
 
 from neptune_eqsat.eterm import ETerm, deps, free
 from neptune_eqsat.proof import IDENTITY, REDUCER_OPS, RP, R, T, SymOps, derive_repair, proves, simplifies_to
 from neptune_eqsat.rulebook import NumOps, Rule, close, make_ruleset
+
+from .rolling import repair_term
 
 CHUNKS = "chunks"   # the name of the chunk-count parameter in split terms
 COMBINERS = ("add", "sub", "mul", "div")
@@ -96,7 +98,10 @@ def _retag_egglog(reducer: str, combine: str, name: str):
         u, x, rep, m, j = var("u", ETerm), var("x", ETerm), var("repair", ETerm), var("matched", ETerm), \
             var("j", String)
         body = ETerm.bin(combine, u, x)
-        return [rule(m == ETerm.roll(reducer, j, body, rep), name=name)
+        # only the repair derived for this body: a rolled sum repaired otherwise (moments.py) is not re-tagged
+        # by h alone
+        return [rule(m == ETerm.roll(reducer, j, body, rep), eq(rep).to(repair_term(reducer, combine, j, x)),
+                     name=name)
                 .then(union(m).with_(ETerm.split(reducer, j, CHUNKS, body, rep)))]
     return build
 

@@ -89,15 +89,28 @@ def test_unfused_plan_runs_too():
 
 
 def test_chain_that_cannot_be_repaired_stays_unfused_and_says_why(tmp_path):
-    """sum_j (x - max_j x)^2 has no separable form u op x: it is not rolled, explain says so, and the two-pass
-    kernel is still correct."""
+    """sum_j sqrt(x - min_j x) has no repairable form (sqrt is no polynomial in the running minimum): it is not
+    rolled, explain says so, and the two-pass kernel is still correct."""
+    path = tmp_path / "root_deviation.py"
+    path.write_text("from neptune_eqsat.spec import *\nspec = Spec('root_deviation')\n"
+                    "R, N = spec.dims(R=1024, N=1024)\nr, j = spec.axes(r=R, j=N)\nx = spec.input('x', f32, R, N)\n"
+                    "dev = x[r, j] - min(j, x[r, j])\nspec.output('y', f32, sum(j, sqrt(dev)), r)\n")
+    result = optimize(path)
+    assert result.chosen.family == "unfused" and result.chosen.sched.passes == 2
+    assert "not rolled: sum(j, sqrt((x[r, j] - min(j, x[r, j]))" in result.explain()
+    assert_close(str(path), {"R": 7, "N": 45})
+
+
+def test_a_squared_deviation_from_the_running_max_rolls_by_its_moments(tmp_path):
+    """sum_j (x - max_j x)^2 is a polynomial in the max: the prefix sum moves to a new max by its count and
+    first moment (moments.py), one pass, as exact as two."""
     path = tmp_path / "squared_deviation.py"
     path.write_text("from neptune_eqsat.spec import *\nspec = Spec('squared_deviation')\n"
                     "R, N = spec.dims(R=1024, N=1024)\nr, j = spec.axes(r=R, j=N)\nx = spec.input('x', f32, R, N)\n"
                     "dev = x[r, j] - max(j, x[r, j])\nspec.output('y', f32, sum(j, dev * dev), r)\n")
     result = optimize(path)
-    assert result.chosen.family == "unfused" and result.chosen.sched.passes == 2
-    assert "not rolled: sum(j, ((x[r, j] - max(j, x[r, j]))" in result.explain()
+    assert result.chosen.family == "rolled" and result.chosen.sched.passes == 1
+    assert result.saturation.fired["roll-sum-moments-square-of-sub"]
     assert_close(str(path), {"R": 7, "N": 45})
 
 
