@@ -4,14 +4,16 @@ from neptune_eqsat.rulebook import make_ruleset
 from .algebra import RULES as ALGEBRA, algebra
 from .analysis import analysis
 from .reduction import RULES as REDUCTION, reduction
-from .moments import RULES as MOMENTS
+from .moments import RULES as MOMENTS, SPLIT_RULES as MOMENT_SPLITS
 from .rolling import RULES as ROLLING
 from .scalar import RULES as SCALAR, scalar
-from .splitk import RULES as SPLITK, splitk
+from .splitk import RULES as SPLITK
 from .substitution import RULES as SUBSTITUTION, substitution
 
 ROLLING = ROLLING + MOMENTS   # the moments' rolling update runs in the rolling family's step
 rolling = make_ruleset("rolling", ROLLING)
+SPLITK = SPLITK + MOMENT_SPLITS
+splitk = make_ruleset("splitk", SPLITK)
 
 FAMILIES = {"algebra": (algebra, ALGEBRA), "reduction": (reduction, REDUCTION),
             "substitution": (substitution, SUBSTITUTION), "rolling": (rolling, ROLLING), "scalar": (scalar, SCALAR),

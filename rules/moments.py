@@ -22,8 +22,10 @@ import sympy as sp
 from egglog import String, rule, union, var
 
 from neptune_eqsat.eterm import ETerm, deps, free
-from neptune_eqsat.proof import SymOps, proves
 from neptune_eqsat.rulebook import EggOps, NumOps, Rule, ShowOps, close
+
+from .splitk import CHUNKS
+from neptune_eqsat.proof import SymOps, proves
 
 U, X = sp.symbols("u x", real=True)
 
@@ -145,3 +147,23 @@ RULES = [Rule(f"roll-sum-moments-{b}", "rolling",
               f"moments over the prefix", _egglog(b, f"roll-sum-moments-{b}"), _obligation(b), _numeric(b), 6,
               _example(b))
          for b in BODIES]
+
+
+def _split_egglog(body: str, name: str):
+    def build() -> list:
+        u, x, m, j = var("u", ETerm), var("x", ETerm), var("matched", ETerm), var("j", String)
+        form, repair = BODIES[body](EggOps(), u, x), repair_term(body, j, u, x)
+        return [rule(m == ETerm.roll("sum", j, form, repair), name=name)
+                .then(union(m).with_(ETerm.split("sum", j, CHUNKS, form, repair)))]
+    return build
+
+
+# A chunk is a prefix of its own: the expansion that moves a prefix's sum to a new x moves a chunk's partial
+# from the chunk's x to the global one, its moments re-tagged the same way (the derivative of the combined
+# sum is the combined first moment at the new x). For the squared deviation this is Chan's parallel update.
+SPLIT_RULES = [Rule(f"split-roll-sum-moments-{b}", "splitk",
+                    f"roll_sum_j({BODIES[b](ShowOps(), 'u', 'x')}) in chunks, each partial moved to the global x by "
+                    f"its moments", _split_egglog(b, f"split-roll-sum-moments-{b}"), _obligation(b), _numeric(b), 6,
+                    (f"roll_sum(j, {BODIES[b](ShowOps(), 'u[i, j]', 'x[i]')}, repair=h)",
+                     f"split_sum(j / chunks, {BODIES[b](ShowOps(), 'u[i, j]', 'x[i]')}, repair=h)"))
+               for b in BODIES]

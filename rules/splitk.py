@@ -19,7 +19,7 @@ from egglog import String, eq, rule, union, var
 
 from neptune_eqsat.eterm import ETerm, deps, free
 from neptune_eqsat.proof import IDENTITY, REDUCER_OPS, RP, R, T, SymOps, derive_repair, proves, simplifies_to
-from neptune_eqsat.rulebook import NumOps, Rule, close, make_ruleset
+from neptune_eqsat.rulebook import NumOps, Rule, close
 
 from .rolling import repair_term
 
@@ -54,7 +54,7 @@ def _assoc_numeric(reducer: str):
 def _assoc_egglog(reducer: str, name: str):
     def build() -> list:
         body, m, j = var("body", ETerm), var("matched", ETerm), var("j", String)
-        return [rule(m == ETerm.red(reducer, j, body), deps(body).not_contains(j), free(body).contains(j), name=name)
+        return [rule(m == ETerm.red(reducer, j, body), deps(body).not_contains(j), name=name)
                 .then(union(m).with_(ETerm.split(reducer, j, CHUNKS, body, ETerm.acc())))]
     return build
 
@@ -115,5 +115,3 @@ RULES += [Rule(f"split-roll-{r}-{c}", "splitk", f"roll_{r}_j({c}(u, x)) in chunk
                _retag_numeric(r, c), 7,
                (f"roll_{r}(j, {c}(u[i, j], x[i]), repair=h)", f"split_{r}(j / chunks, {c}(u[i, j], x[i]), repair=h)"))
           for r in REDUCER_OPS for c in COMBINERS]
-
-splitk = make_ruleset("splitk", RULES)

@@ -99,3 +99,27 @@ def test_a_wrong_moment_is_refused(monkeypatch):
     assert not proved, statement
     assert rule.counterexample(50) is not None
     assert right[0][1] == sp.Integer(-2)
+
+
+def test_long_rows_split_into_chunks_combined_by_their_moments(tmp_path):
+    """Few rows of a million elements: the variance splits over chunks of the row, and each chunk's partial
+    is moved to the global mean by its count and first moment (Chan's combine, derived, not written); ragged
+    chunks and rows far from zero keep their precision."""
+    path = tmp_path / "row_variance.py"
+    path.write_text("from neptune_eqsat.spec import *\n\n"
+                    "spec = Spec('row_variance')\n"
+                    "R, N = spec.dims(R=4, N=1048576)\n"
+                    "r, j = spec.axes(r=R, j=N)\n"
+                    "x = spec.input('x', f32, R, N)\n"
+                    "mean = sum(j, x[r, j]) / N\n"
+                    "spec.output('v', f32, sum(j, (x[r, j] - mean) * (x[r, j] - mean)) / N, r)\n")
+    result, mod = compiled(path)
+    assert result.chosen.family == "split"
+    assert result.saturation.fired["split-roll-sum-moments-square-of-sub"]
+    g = torch.Generator().manual_seed(2)
+    for chunks, offset in ((7, 1000.0), (3, 0.0)):
+        x = torch.randn(3, 1001, generator=g) * 2 + offset
+        config = {**mod.INTERPRETER_CONFIG, "CHUNKS": chunks}
+        ref = x.double().var(-1, unbiased=False)
+        ours = (mod.forward(x, config=config).double() - ref).abs().max().item()
+        assert ours < 1e-5 * ref.abs().max().item(), (chunks, offset, ours)
