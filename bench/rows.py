@@ -149,33 +149,32 @@ def bench(names: list[str], warmup_ms: int, rep_ms: int) -> list[dict]:
     return rows
 
 
-def sweep(names: list[str]) -> dict:
-    """The median time of each generated module over a grid of its row and loop blocks, warps and stages, at its
-    op's first shape: where the default config stands among them."""
+def sweep(names: list[str], grid: dict) -> dict:
+    """The median time of each generated module over a grid of its row and loop blocks, warps and stages, at each
+    of its op's shapes: where the default config stands among them."""
+    return {f"{name} {R}x{N}": sweep_shape(OPS[name], R, N, grid) for name in names for R, N in OPS[name].shapes}
+
+
+def sweep_shape(op: Op, R: int, N: int, grid: dict) -> dict:
     import itertools
 
     import triton.testing
-    found = {}
-    for name in names:
-        op = OPS[name]
-        module = load(module_path(op))
-        R, N = op.shapes[0]
-        inputs = op.inputs(R, N, torch.Generator(device="cuda").manual_seed(0))
-        row, loop = (k for k in module.CONFIG if k.startswith("BLOCK_") and not isinstance(module.CONFIG[k], dict))
-        times = {}
-        for br, bj, warps, stages in itertools.product((1, 4, 16), (512, 1024, 2048), (4, 8), (1, 3)):
-            cfg = {**module.CONFIG, row: br, loop: bj, "num_warps": warps, "num_stages": stages}
-            try:
-                times[(br, bj, warps, stages)] = triton.testing.do_bench(lambda: module.forward(*inputs, config=cfg),
-                                                                         warmup=5, rep=20, return_mode="median")
-            except Exception as e:   # out of resources: not a candidate
-                times[(br, bj, warps, stages)] = float("inf")
-        default = triton.testing.do_bench(lambda: module.forward(*inputs), warmup=5, rep=20, return_mode="median")
-        best = sorted(times.items(), key=lambda kv: kv[1])[:5]
-        found[name] = dict(shape=[R, N], default_ms=default, best=[[list(k), v] for k, v in best])
-        print(name, R, N, "default", round(default, 4), "best (BLOCK_R, BLOCK_J, warps, stages):", best, flush=True)
-        torch.cuda.empty_cache()
-    return found
+    module = load(module_path(op))
+    inputs = op.inputs(R, N, torch.Generator(device="cuda").manual_seed(0))
+    row, loop = (k for k in module.CONFIG if k.startswith("BLOCK_") and not isinstance(module.CONFIG[k], dict))
+    times = {}
+    for br, bj, warps, stages in itertools.product(grid["rows"], grid["loop"], grid["warps"], grid["stages"]):
+        cfg = {**module.CONFIG, row: br, loop: bj, "num_warps": warps, "num_stages": stages}
+        try:
+            times[(br, bj, warps, stages)] = triton.testing.do_bench(lambda: module.forward(*inputs, config=cfg),
+                                                                     warmup=5, rep=20, return_mode="median")
+        except Exception:   # out of resources: not a candidate
+            times[(br, bj, warps, stages)] = float("inf")
+    default = triton.testing.do_bench(lambda: module.forward(*inputs), warmup=5, rep=20, return_mode="median")
+    best = sorted(times.items(), key=lambda kv: kv[1])[:5]
+    print(op.spec, R, N, "default", round(default, 4), "best (BLOCK_R, BLOCK_J, warps, stages):", best, flush=True)
+    torch.cuda.empty_cache()
+    return dict(shape=[R, N], default_ms=default, best=[[list(k), v] for k, v in best])
 
 
 def table(rows: list[dict]) -> str:
@@ -222,6 +221,8 @@ def main() -> None:
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--out", default=str(HERE / "results" / "rows"))
     ap.add_argument("--sweep", action="store_true", help="time each module over a grid of its configs")
+    for key, default in (("rows", "1,4,16"), ("loop", "512,1024,2048"), ("warps", "4,8"), ("stages", "1,3")):
+        ap.add_argument(f"--sweep-{key}", default=default, help=f"the sweep's {key} values")
     ap.add_argument("--warmup-ms", type=int, default=25)
     ap.add_argument("--rep-ms", type=int, default=100)
     args = ap.parse_args()
@@ -235,7 +236,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.sweep:
-        (out / "sweep.json").write_text(json.dumps(dict(info=info, ops=sweep(args.ops.split(","))), indent=1))
+        (out / "sweep.json").write_text(json.dumps(dict(info=info, ops=sweep(args.ops.split(","), {k: [int(v) for v in getattr(args, f"sweep_{k}").split(",")]
+                                                                       for k in ("rows", "loop", "warps", "stages")})), indent=1))
         return
     rows = bench(args.ops.split(","), args.warmup_ms, args.rep_ms)
     (out / "results.json").write_text(json.dumps(dict(info=info, rows=rows), indent=1))
