@@ -3,13 +3,21 @@
 Each rule is proved by sympy before it joins the ruleset (casts only round, so they are the identity here).
 """
 import sympy as sp
-from egglog import String, f64, rule, union, var
+from egglog import String, f64, ne, rule, union, var
 
-from neptune_eqsat.eterm import ETerm
+from neptune_eqsat.eterm import AxisSet, ETerm, deps
 from neptune_eqsat.proof import SymOps, proves
 from neptune_eqsat.rulebook import Rule, identity, make_ruleset
 
 F = "algebra"
+
+
+def _subtracts_a_reduction(a, b, c):
+    """Only where the subtracted side reads a reduction (x - max_j x): the form the rolling rules look for.
+    Elsewhere a scale over a difference of positions (slope * (j - i)) stays one rounding, not two."""
+    return (ne(deps(b)).to(AxisSet.empty()),)
+
+
 RULES = [
     identity("exp-split", F, "exp(a - b) = exp(a) * exp(-b): separates what a body takes from a finished reduction",
              lambda o, a, b: o.un("exp", o.bin("sub", a, b)),
@@ -28,6 +36,13 @@ RULES = [
              lambda o, a, b, c: o.bin("mul", o.bin("mul", a, c), b), 3),
     identity("mul-commute", F, "a * b = b * a",
              lambda o, a, b: o.bin("mul", a, b), lambda o, a, b: o.bin("mul", b, a), 2),
+    identity("div-over-difference", F, "(a - b) / c = a / c - b / c: a row scale on a difference reaches each "
+             "side, so a body exp((x - m) / t) shows its exp(u - x) form",
+             lambda o, a, b, c: o.bin("div", o.bin("sub", a, b), c),
+             lambda o, a, b, c: o.bin("sub", o.bin("div", a, c), o.bin("div", b, c)), 3, _subtracts_a_reduction),
+    identity("mul-over-difference", F, "c * (a - b) = c * a - c * b: the same for a scale written as a factor",
+             lambda o, a, b, c: o.bin("mul", c, o.bin("sub", a, b)),
+             lambda o, a, b, c: o.bin("sub", o.bin("mul", c, a), o.bin("mul", c, b)), 3, _subtracts_a_reduction),
     identity("div-regroup", F, "(a / c) * b = (a * b) / c: a divisor moves to the outside of a product (where a "
              "reduction can take it out)",
              lambda o, a, b, c: o.bin("mul", o.bin("div", a, c), b),

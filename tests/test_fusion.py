@@ -230,3 +230,24 @@ def test_the_plan_does_not_depend_on_where_the_normalizer_is_written(tmp_path):
         passes[where] = result.chosen.sched.passes
         assert_close(str(path), {"R": 5, "N": 77}, seed=2)
     assert passes == {"inside": 1, "outside": 1}
+
+
+@pytest.mark.parametrize("written", ["exp((x[r, j] - max(j, x[r, j])) / t[r])",
+                                     "exp(t[r] * (x[r, j] - max(j, x[r, j])))",
+                                     "exp((x[r, j] - max(j, x[r, j])) * t[r])",
+                                     "exp(x[r, j] / t[r] - max(j, x[r, j]) / t[r])"])
+def test_a_row_scale_written_around_the_difference_still_fuses(tmp_path, written):
+    """A temperature on the difference, as a divisor or a factor on either side, reaches both sides of it
+    (div-over-difference, mul-over-difference): the plan is one pass however the scale is written."""
+    path = tmp_path / f"tempered_{abs(hash(written))}.py"
+    path.write_text("from neptune_eqsat.spec import *\n\n"
+                    f"spec = Spec('tempered_{abs(hash(written))}')\n"
+                    "R, N = spec.dims(R=4096, N=8192)\n"
+                    "r, j = spec.axes(r=R, j=N)\n"
+                    "x = spec.input('x', f32, R, N)\n"
+                    "t = spec.input('t', f32, R, positive=True)\n"
+                    f"p = {written}\n"
+                    "spec.output('y', f32, sum(j, p * x[r, j]) / sum(j, p), r)\n")
+    result = optimize(path)
+    assert result.chosen.sched.passes == 1, result.explain()
+    assert_close(str(path), {"R": 5, "N": 77}, seed=4)
