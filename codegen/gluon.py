@@ -232,6 +232,8 @@ def gluon_source(sched: Schedule, name: str) -> tuple[str, GluonWriter]:
     from .blocks import table_predicate
 
     _check_shape(sched)
+    if sched.chunked:
+        raise NotEligible(f"the long axes {', '.join(sched.chunked)} are reduced in loops of their own")
     w = GluonWriter(sched, name)
     row, loop, col = sched.row, sched.loop, sched.col
     inner = sched.inner[0]

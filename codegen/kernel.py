@@ -91,6 +91,8 @@ class KernelWriter:
         self.s, self.spec, self.name = sched, sched.spec, name
         self.loop, self.row, self.col = sched.loop, sched.row, sched.col
         self.tile_axes = [a for a in (self.row, self.loop, self.col) if a] + list(sched.inner)
+        self.chunked = set(sched.chunked)   # in-tile axes reduced in a loop of blocks (chunked_reduction)
+        self.kblock: dict[str, str] = {}    # chunked axis -> the block its loop body is being written into
         self.blocks: dict[str, list[str]] = defaultdict(list)
         self.cache: dict[tuple, Val] = {}
         self.state: dict[Term, Val] = {}
@@ -116,13 +118,13 @@ class KernelWriter:
         return str(e) if isinstance(e, int) else e.name
 
     def block(self, ax: str) -> str:
-        if ax in (self.row, self.loop):
+        if ax in (self.row, self.loop) or ax in self.chunked:
             return f"BLOCK_{ax.upper()}"
         return str(pow2(self.spec.extent(ax)))
 
     def padded(self, ax: str) -> bool:
         """Does the tile of ax run past the axis's extent (so its lanes need a bound check)?"""
-        if ax in (self.row, self.loop):
+        if ax in (self.row, self.loop) or ax in self.chunked:
             return True
         return pow2(self.spec.extent(ax)) != self.spec.extent(ax)
 
@@ -140,6 +142,9 @@ class KernelWriter:
         return [x for x in ir.walk(t) if ir.is_reduction(x) and x.attrs[1] == self.loop]
 
     def home(self, t: Term) -> str:
+        inside = [a for a in self.kblock if a in t.free]
+        if inside:   # a value along a chunked axis lives in the loop over that axis's blocks
+            return self.kblock[inside[-1]]
         if self.loop is None:
             return self.ctx.body
         if self.loop in t.free or any(x.op == "acc" for x in ir.walk(t)):
@@ -279,8 +284,8 @@ class KernelWriter:
             parts.append(f"{self.expand(iv, order)} * {name}_s{pos}" if iv.axes else f"{iv.code} * {name}_s{pos}")
         checks = []
         for a in order:
-            if a == self.loop and not self.ctx.masked and blk == self.ctx.body:
-                continue
+            if a == self.loop and not self.ctx.masked and (blk == self.ctx.body or blk in self.kblock.values()):
+                continue   # a block of the loop axis known to lie inside it
             if self.padded(a):
                 checks.append(self.expand(Val(f"valid_{a}", (a,), "bool"), order))
         mask = f", mask={' & '.join(checks)}, other=0.0" if checks else ""
@@ -337,6 +342,8 @@ class KernelWriter:
 
     def descriptor_load(self, t: Term, order: tuple[str, ...]) -> str | None:
         """The load as a tensor-descriptor block read (see descriptor_block), or None."""
+        if set(order) & self.chunked:   # blocks of a chunked axis start inside its loop: pointer loads
+            return None
         found = self.descriptor_block(t.attrs[0], t.args, order)
         if found is None:
             return None
@@ -391,7 +398,39 @@ class KernelWriter:
             return v
         return Val(self.put(blk or self.ctx.body, f"{v.code}.to({TL_DTYPE[other.dtype]})"), v.axes, other.dtype)
 
+    def chunked_reduction(self, t: Term, prev: bool, blk: str) -> Val:
+        """A reduction over a long in-tile axis k: a loop over blocks of k, each block reduced as a tile (a
+        matrix product where the body is one) into an accumulator, written into `blk` where the value lives."""
+        reducer, k = t.attrs[:2]
+        if k in self.kblock:
+            raise SpecError(f"{ir.show(t)[:100]}: a reduction over {k} inside another over {k}")
+        inner = self.fresh("kloop")
+        self.kblock[k] = inner
+        self.blocks[inner] += [f"offs_{k} = {k}_start + tl.arange(0, {self.block(k)})",
+                               f"valid_{k} = offs_{k} < {self.ext(k)}"]
+        acc = self.fresh("kacc")
+        try:
+            if reducer == "sum" and self.contraction(t.args[0], k):   # accumulated by the matrix units
+                va, vb, x, y, prec = self.dot_operands(t.args[0], k, prev, zero_invalid=False, blk=inner)
+                axes, step = (x, y), f"tl.dot({va.code}, {vb.code}, {acc}{prec})"
+            else:
+                part = self.tile_reduction(t, prev, inner)
+                combine = {"sum": "{} + {}", "max": "tl.maximum({}, {})", "min": "tl.minimum({}, {})"}[reducer]
+                axes, step = part.axes, combine.format(acc, part.code)
+        finally:
+            del self.kblock[k]
+        shape = ", ".join(self.block(a) for a in axes)
+        self.blocks[blk] += [f"{acc} = tl.full([{shape}], {IDENTITY_CODE[reducer]}, tl.float32)",
+                             f"for {k}_start in range(0, {self.ext(k)}, {self.block(k)}):"]
+        self.blocks[blk] += ["    " + line for line in self.blocks.pop(inner)] + [f"    {acc} = {step}"]
+        return self.reorder(Val(acc, axes, "f32"), blk)
+
     def inner_reduction(self, t: Term, prev: bool, blk: str) -> Val:
+        if t.attrs[1] in self.chunked:
+            return self.chunked_reduction(t, prev, blk)
+        return self.tile_reduction(t, prev, blk)
+
+    def tile_reduction(self, t: Term, prev: bool, blk: str) -> Val:
         reducer, k = t.attrs[:2]
         body = t.args[0]
         if reducer == "sum" and self.contraction(body, k):

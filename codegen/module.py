@@ -65,6 +65,9 @@ def _row_loop_blocks(sched: Schedule) -> tuple[dict, dict]:
     if sched.loop:
         gpu[f"BLOCK_{sched.loop.upper()}"] = loop_block
         cpu[f"BLOCK_{sched.loop.upper()}"] = 16
+    for a in sched.chunked:   # the depth of each step of a long contraction (a matrix product's K loop)
+        gpu[f"BLOCK_{a.upper()}"] = 64
+        cpu[f"BLOCK_{a.upper()}"] = 16
     return gpu, cpu
 
 
@@ -177,7 +180,7 @@ def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, c
         head += ["pid_grid = tl.program_id(1)"]
     head += grid_index_lines(w, sched)
     for a in w.tile_axes:
-        if a == loop:
+        if a == loop or a in w.chunked:   # a chunked axis's offsets are set in its own loop
             continue
         start = f"pid_row * {w.block(a)} + " if a == row else ""
         head.append(f"offs_{a} = {start}tl.arange(0, {w.block(a)})")
@@ -252,7 +255,8 @@ def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, c
     params += [param for param, _, _ in w.descriptors.values()]
     params += [f"{t.param}_ptr" for t in w.tables.values()]
     params += w.dims + (["chunk_len"] if partials else [])
-    w.constexprs = [f"BLOCK_{a.upper()}" for a in (row, loop) if a] + (["USE_TMA"] if w.descriptors else [])
+    w.constexprs = [f"BLOCK_{a.upper()}" for a in (row, loop) if a] + [f"BLOCK_{a.upper()}" for a in sched.chunked]
+    w.constexprs += ["USE_TMA"] if w.descriptors else []
     w.constexprs += ["ROW_ORDER"] if w.row_order else []
     w.constexprs += ["STREAM"] if w.streamed else []
     w.constexprs += ["F32_DOT"] if w.f32_dot else []
@@ -605,6 +609,8 @@ def _split_parts(sched: Schedule, name: str, inputs: list[str], out_alloc: str, 
     row, crow, chunks = f"BLOCK_{sched.row.upper()}", f"BLOCK_{comb.sched.row.upper()}", f"BLOCK_{comb.chunk_axis.upper()}"
     cgpu = {"in_kernel": 1, **COMBINE_GPU, crow: 8, chunks: 16}
     ccpu = {"in_kernel": 1, **COMBINE_CPU, crow: 2, chunks: 4}
+    for a in comb.sched.chunked:   # a long reduction the combine finishes (a label's logit), in its own loop
+        cgpu[f"BLOCK_{a.upper()}"], ccpu[f"BLOCK_{a.upper()}"] = 64, 16
     # few query rows: the smallest tile the matrix units take; a row at a time where there is no matrix product
     cpu[row] = 16
     gpu[row] = VECTOR_ROWS_CONFIG["row"] if vector_rows(sched) else 16

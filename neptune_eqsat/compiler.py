@@ -53,7 +53,7 @@ class Result:
         if refused:
             lines.append("rolling-update rewrites refused (never fire):")
             lines += [f"  {r.name}: {r.proof[0]}" for r in refused]
-        lines += [f"extracted term rejected (not a term of the spec): {r}" for r in sat.rejected]
+        lines += [f"extracted term rejected: {r}" for r in sat.rejected]
         lines.append(f"device: {self.device.name} ({self.device.source})")
         times = ", ".join(f"{f} {t * 1e6:.1f} us" for f, t in sorted(plan_times(self.measured).items(),
                                                                         key=lambda ft: ft[1]))
@@ -139,7 +139,7 @@ def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, devic
     measured = measured_plans(spec.name, sizes, device.name)
     sat = saturate(spec.output_term, limits, extents=spec.axis_dims)
     cands = candidates(sat, spec, sizes, device, plan_times(measured))
-    if sat.rejected:   # an extraction that did not read as the spec's term: saturate once more, afresh
+    if sat.malformed:   # an extraction that did not read as the spec's term: saturate once more, afresh
         again = saturate(spec.output_term, limits, extents=spec.axis_dims)
         again.rejected[:0] = [f"(first saturation) {r}" for r in sat.rejected]
         sat, cands = again, candidates(again, spec, sizes, device, plan_times(measured))

@@ -28,7 +28,7 @@ from .ir import Term
 from .layout import pack_group_rows
 from .saturate import Saturation
 from .schedule import TILE_LIMIT, Schedule, schedule
-from .spec import Spec
+from .spec import Spec, SpecError
 
 OP_WORK = {name: op.work for kind in ops.OPS.values() for name, op in kind.items()}
 ZERO = (0, 0, 0, 0.0)
@@ -140,6 +140,18 @@ def node_cost(family: str, weight, load_axes, long_axes: set[str], known: Analys
     return cost
 
 
+def _nested_axes(term: Term, long_axes: set[str]) -> set[str]:
+    """Long axes reduced inside the body of a reduction over another long axis (the hidden dim of logits
+    h W^T under a log-sum-exp over the vocabulary): a kernel reduces them in loops of their own inside its
+    loop (schedule.chunked), so the split family splits the outer axis only."""
+    inside = set()
+    for t in ir.walk(term):
+        if ir.is_reduction(t) and t.attrs[1] in long_axes:
+            inside |= {x.attrs[1] for x in ir.walk(t.args[0]) if ir.is_reduction(x) and x.attrs[1] in long_axes
+                       and x.attrs[1] != t.attrs[1]}
+    return inside
+
+
 def _as_written(spec: Spec, sizes: dict[str, int], device) -> list[Candidate]:
     """The spec's own term as the unfused plan, for when extraction gave none: it is always a term of the spec,
     and an extraction that names what the spec lacks (seen rarely, and not reproducibly) must cost speed, never
@@ -175,6 +187,7 @@ def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device,
     out: list[Candidate] = []
     seen: set[Term] = set()
     long_axes = {a for a, e in spec.axes_.items() if not isinstance(e, int) or e > TILE_LIMIT}
+    long_axes -= _nested_axes(spec.output_term, long_axes)
     known = Analyses(sat.egraph)
     for family in ("rolled", "unfused", "split"):
         cost = node_cost(family, weight, lambda t, key: set().union(*(i.free for i in sat.mirror.loads[(t, key)])),
@@ -189,8 +202,13 @@ def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device,
         malformed = _malformed(spec, term)
         if malformed:   # a term that names what the spec does not have cannot be a plan of it
             sat.rejected.append(f"{family}: {malformed}")
+            sat.malformed += 1
             continue
-        sched = schedule(spec, term)
+        try:
+            sched = schedule(spec, term)
+        except SpecError as e:   # a form this family extracts that no kernel runs: the other families remain
+            sat.rejected.append(f"{family}: {e}")
+            continue
         ops = {t.op for t in ir.walk(term)}
         kind = "split" if "split" in ops else "rolled" if "roll" in ops else "unfused"
         if sched.split and (sched.writes_loop or sched.passes != 1):

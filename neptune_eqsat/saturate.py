@@ -55,7 +55,8 @@ class Saturation:
     nodes: int = 0
     seconds: float = 0.0
     stop: str = ""     # saturated, plan stable, node limit (...), time limit (...)
-    rejected: list = field(default_factory=list)   # extracted terms that do not read as the spec's (see extract)
+    rejected: list = field(default_factory=list)   # extracted terms no plan was made of, and why (see extract)
+    malformed: int = 0   # of those, terms that do not read as the spec's own (an extraction anomaly)
 
     def summary(self) -> str:
         rounds = f"{self.rounds} round{'s' if self.rounds != 1 else ''}"

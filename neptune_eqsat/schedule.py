@@ -28,6 +28,7 @@ class Schedule:
     reductions: list[Term] = field(default_factory=list)   # over the loop axis, dependencies first
     pass_of: dict[Term, int] = field(default_factory=dict)
     writes_loop: bool = False        # the output varies along the loop axis: written in a last pass
+    chunked: tuple[str, ...] = ()    # long axes of in-tile sums, each reduced in a loop of blocks of its own
 
     @property
     def split(self) -> bool:
@@ -88,17 +89,32 @@ def _apart(spec: Spec, term: Term, axes: set[str]) -> Term:
     return go(term)
 
 
+def _loop_axis(spec: Spec, reds: list[Term]) -> tuple[str | None, tuple[str, ...]]:
+    """The long axis the kernel loops over, and the other long axes, each reduced inside the loop in blocks of
+    its own (the hidden dim of a linear layer whose outputs a log-sum-exp over the vocabulary reads). An axis
+    is reduced that way when its reductions are plain sums, maxima or minima that read no reduction over the
+    loop axis; exactly one long axis must leave all the others so."""
+    long_axes = sorted({t.attrs[1] for t in reds if is_large(spec.extent(t.attrs[1]))})
+    if len(long_axes) <= 1:
+        return (long_axes[0] if long_axes else None), ()
+
+    def nested(ax: str, loop: str) -> bool:
+        return all(r.op == "red" and not any(ir.is_reduction(x) and x.attrs[1] == loop for x in ir.walk(r.args[0]))
+                   for r in reds if r.attrs[1] == ax)
+    loops = [a for a in long_axes if all(nested(b, a) for b in long_axes if b != a)]
+    if len(loops) != 1:
+        raise SpecError(f"spec {spec.name}: reductions over several long axes {long_axes}; one kernel loops over "
+                        f"one axis, and no one of them holds the others' reductions inside its loop")
+    return loops[0], tuple(a for a in long_axes if a != loops[0])
+
+
 def schedule(spec: Spec, term: Term) -> Schedule:
     reds = [t for t in ir.walk(term) if ir.is_reduction(t)]
     shadowed = {t.attrs[1] for t in reds if t.attrs[1] in spec.output_axes and not is_large(spec.extent(t.attrs[1]))}
     if shadowed:
         term = _apart(spec, term, shadowed)
         reds = [t for t in ir.walk(term) if ir.is_reduction(t)]
-    loop_axes = sorted({t.attrs[1] for t in reds if is_large(spec.extent(t.attrs[1]))})
-    if len(loop_axes) > 1:
-        raise SpecError(f"spec {spec.name}: reductions over several long axes {loop_axes}; one kernel loops over "
-                        f"one axis")
-    loop = loop_axes[0] if loop_axes else None
+    loop, chunked = _loop_axis(spec, reds)
     inner = tuple(sorted({t.attrs[1] for t in reds if t.attrs[1] != loop}))
     out_axes = list(spec.output_axes)
     col = None
@@ -113,7 +129,7 @@ def schedule(spec: Spec, term: Term) -> Schedule:
     if row is None and rest:
         row = rest[-1]
     grid = tuple(a for a in rest if a != row)
-    sched = Schedule(spec, term, loop, row, col, grid, inner, writes_loop=loop in spec.output_axes)
+    sched = Schedule(spec, term, loop, row, col, grid, inner, writes_loop=loop in spec.output_axes, chunked=chunked)
     if loop is None:
         return sched
     loop_reds = [t for t in reds if t.attrs[1] == loop]

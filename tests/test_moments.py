@@ -126,3 +126,44 @@ def test_long_rows_split_into_chunks_combined_by_their_moments(tmp_path):
         ref = x.double().var(-1, unbiased=False)
         ours = (mod.forward(x, config=config).double() - ref).abs().max().item()
         assert ours < 1e-5 * ref.abs().max().item(), (chunks, offset, ours)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "f32"])
+def test_linear_cross_entropy_never_stores_the_logits_and_matches_torch(tmp_path, dtype):
+    """Two long axes: the log-sum-exp loops over the vocabulary, each block's logits a matrix product over the
+    hidden dim reduced in blocks inside that loop (and the label's logit in a loop of its own). One pass, and
+    the loss equals torch's cross-entropy of h W^T in float64, at sizes off every block."""
+    path = tmp_path / f"linear_cross_entropy_{dtype}.py"
+    text = (SPECS / "linear_cross_entropy.py").read_text().replace("HIDDEN = 4096", "HIDDEN = 300")
+    path.write_text(text.replace("f16", dtype).replace('Spec("linear_cross_entropy")',
+                                                     f'Spec("linear_cross_entropy_{dtype}")'))
+    result, mod = compiled(path)
+    assert result.chosen.sched.passes == 1 and result.chosen.sched.chunked == ("d",)
+    torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[dtype]
+    g = torch.Generator().manual_seed(3)
+    T, V = 37, 201
+    h = (torch.randn(T, 300, generator=g) * 0.2).to(torch_dtype)
+    w = (torch.randn(V, 300, generator=g) * 0.2).to(torch_dtype)
+    target = torch.randint(0, V, (T,), generator=g).float()
+    loss = mod.forward(h, w, target)
+    ref = torch.nn.functional.cross_entropy(h.double() @ w.double().T, target.long(), reduction="none")
+    assert (loss.double() - ref).abs().max().item() <= tolerance(result.spec.output_dtype), dtype
+    assert (evaluate(result.spec, {"h": h, "w": w, "target": target}) - ref).abs().max().item() < 1e-9
+
+
+def test_every_plan_family_of_linear_cross_entropy_is_correct(tmp_path):
+    """The split plan (chunks of the vocabulary, combined by the derived repair; the label's logit finished by
+    the combine) and the rolled one give the same loss."""
+    path = tmp_path / "linear_cross_entropy_plans.py"
+    path.write_text((SPECS / "linear_cross_entropy.py").read_text().replace("HIDDEN = 4096", "HIDDEN = 300")
+                    .replace('Spec("linear_cross_entropy")', 'Spec("linear_cross_entropy_plans")'))
+    families = {c.family for c in optimize(path).candidates}
+    assert {"split", "rolled"} <= families
+    g = torch.Generator().manual_seed(4)
+    h, w = torch.randn(23, 300, generator=g).half() * 0.2, torch.randn(150, 300, generator=g).half() * 0.2
+    target = torch.randint(0, 150, (23,), generator=g).float()
+    ref = torch.nn.functional.cross_entropy(h.double() @ w.double().T, target.long(), reduction="none")
+    for family in ("split", "rolled"):
+        result = optimize(path, plan=family)
+        loss = load_module(result.source, f"lce_{family}").forward(h, w, target)
+        assert (loss.double() - ref).abs().max().item() <= tolerance(result.spec.output_dtype), family

@@ -19,7 +19,7 @@ CHOSEN = {"alibi_dc": "split", "alibi_pf": "rolled", "attention_rmsnorm": "rolle
           "causal_pf": "rolled", "cross_entropy": "split", "global_pf": "rolled", "gqa_dc": "split+packed",
           "gqa_pf": "rolled", "log_softmax": "rolled", "max_normalized_sum": "split",
           "sigmoid_attention": "unfused", "softcap_dc": "split+packed", "softcap_pf": "rolled", "softmax": "rolled",
-          "window_pf": "rolled", "layernorm": "rolled"}
+          "window_pf": "rolled", "layernorm": "rolled", "linear_cross_entropy": "split"}
 
 
 def fixed_steps(term, extents: dict, steps: int = 12, match_limit: int = 400) -> Saturation:
