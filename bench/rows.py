@@ -73,6 +73,25 @@ def _cross_entropy_math(x, target):
     return torch.logsumexp(x, -1) - x.gather(1, target.long()[:, None])[:, 0]
 
 
+def _hidden_states(R, N, g, hidden=4096):
+    h = (torch.randn(R, hidden, generator=g, device="cuda") * 0.05).half()
+    w = (torch.randn(N, hidden, generator=g, device="cuda") * 0.05).half()
+    return h, w, torch.randint(0, N, (R,), generator=g, device="cuda").float()
+
+
+def _linear_cross_entropy_math(h, w, target):
+    acc = torch.promote_types(h.dtype, torch.float32)
+    return F.cross_entropy((h @ w.T).to(acc), target.long(), reduction="none")
+
+
+def _liger_linear_cross_entropy(h, w, target):
+    """Liger's fused linear cross-entropy: its forward also computes the input's gradient (it is built for a
+    training step), and it returns the mean loss."""
+    from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
+    loss = LigerFusedLinearCrossEntropyFunction.apply(h, w, target.long())
+    return loss[0] if isinstance(loss, tuple) else loss   # (loss, z-loss) in some versions
+
+
 OPS = {
     "layernorm_fp16": Op("layernorm", None, ((8192, 4096), (4096, 16384)), _layernorm_inputs(torch.float16),
                          _layernorm_math, _liger_layernorm),
@@ -83,6 +102,9 @@ OPS = {
     "softmax": Op("softmax", None, ((4096, 32768),), _logits, lambda x: torch.softmax(x, -1), tol=1e-5),
     "log_softmax": Op("log_softmax", None, ((4096, 32768),), _logits, lambda x: torch.log_softmax(x, -1), tol=1e-4),
     "cross_entropy": Op("cross_entropy", None, ((4096, 131072),), _labelled, _cross_entropy_math, tol=1e-3),
+    # tokens x vocabulary, hidden 4096: the logits h W^T (T x V) are never stored by ours or Liger's
+    "linear_cross_entropy": Op("linear_cross_entropy", None, ((4096, 131072), (16384, 32768)), _hidden_states,
+                               _linear_cross_entropy_math, _liger_linear_cross_entropy, tol=2e-2),
 }
 
 
@@ -133,7 +155,17 @@ def bench(names: list[str], warmup_ms: int, rep_ms: int) -> list[dict]:
             for system, fn in calls.items():
                 row = dict(op=name, rows=R, length=N, system=system)
                 try:
-                    err = (fn(*inputs).double() - ref).abs().max().item()
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                    held = torch.cuda.memory_allocated()
+                    out = fn(*inputs)
+                    torch.cuda.synchronize()
+                    row["peak_extra_mb"] = (torch.cuda.max_memory_allocated() - held) / 2**20
+                    if out.dim() == 0:   # a system that returns the mean loss (Liger's)
+                        out, want = out.reshape(1), ref.mean().reshape(1)
+                    else:
+                        want = ref
+                    err = (out.double() - want).abs().max().item()
                     row["max_error"] = err
                     if not err <= op.tol:
                         row["error"] = f"max error {err:.3g} > {op.tol}"
@@ -161,18 +193,20 @@ def sweep_shape(op: Op, R: int, N: int, grid: dict) -> dict:
     import triton.testing
     module = load(module_path(op))
     inputs = op.inputs(R, N, torch.Generator(device="cuda").manual_seed(0))
-    row, loop = (k for k in module.CONFIG if k.startswith("BLOCK_") and not isinstance(module.CONFIG[k], dict))
+    row, loop, *inner = (k for k in module.CONFIG if k.startswith("BLOCK_") and not isinstance(module.CONFIG[k], dict))
     times = {}
-    for br, bj, warps, stages in itertools.product(grid["rows"], grid["loop"], grid["warps"], grid["stages"]):
-        cfg = {**module.CONFIG, row: br, loop: bj, "num_warps": warps, "num_stages": stages}
+    for br, bj, warps, stages, bk in itertools.product(grid["rows"], grid["loop"], grid["warps"], grid["stages"],
+                                                       grid["inner"] if inner else [0]):
+        cfg = {**module.CONFIG, row: br, loop: bj, "num_warps": warps, "num_stages": stages,
+               **{k: bk for k in inner}}
         try:
-            times[(br, bj, warps, stages)] = triton.testing.do_bench(lambda: module.forward(*inputs, config=cfg),
-                                                                     warmup=5, rep=20, return_mode="median")
+            times[(br, bj, warps, stages, bk)] = triton.testing.do_bench(
+                lambda: module.forward(*inputs, config=cfg), warmup=5, rep=20, return_mode="median")
         except Exception:   # out of resources: not a candidate
-            times[(br, bj, warps, stages)] = float("inf")
+            times[(br, bj, warps, stages, bk)] = float("inf")
     default = triton.testing.do_bench(lambda: module.forward(*inputs), warmup=5, rep=20, return_mode="median")
     best = sorted(times.items(), key=lambda kv: kv[1])[:5]
-    print(op.spec, R, N, "default", round(default, 4), "best (BLOCK_R, BLOCK_J, warps, stages):", best, flush=True)
+    print(op.spec, R, N, "default", round(default, 4), "best (row block, loop block, warps, stages, inner block):", best, flush=True)
     torch.cuda.empty_cache()
     return dict(shape=[R, N], default_ms=default, best=[[list(k), v] for k, v in best])
 
@@ -189,6 +223,12 @@ def table(rows: list[dict]) -> str:
                            if "ms" in got.get(s, {}) and "ms" in got.get("neptune", {}) else "—")
         lines.append(f"| {op} | {R} × {N} | " + " | ".join(cell(s) for s in names) +
                      f" | {ratio('inductor')} | {ratio('liger')} |")
+    lines += ["", "Memory a call allocates beyond its inputs (MB, peak):", "",
+              "| op | rows × length | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
+    for op, R, N in cases:
+        got = {r["system"]: r for r in rows if (r["op"], r["rows"], r["length"]) == (op, R, N)}
+        lines.append(f"| {op} | {R} × {N} | " + " | ".join(
+            f"{got[s]['peak_extra_mb']:.0f}" if "peak_extra_mb" in got.get(s, {}) else "—" for s in names) + " |")
     return "\n".join(lines)
 
 
@@ -221,7 +261,8 @@ def main() -> None:
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--out", default=str(HERE / "results" / "rows"))
     ap.add_argument("--sweep", action="store_true", help="time each module over a grid of its configs")
-    for key, default in (("rows", "1,4,16"), ("loop", "512,1024,2048"), ("warps", "4,8"), ("stages", "1,3")):
+    for key, default in (("rows", "1,4,16"), ("loop", "512,1024,2048"), ("warps", "4,8"), ("stages", "1,3"),
+                         ("inner", "32,64")):
         ap.add_argument(f"--sweep-{key}", default=default, help=f"the sweep's {key} values")
     ap.add_argument("--warmup-ms", type=int, default=25)
     ap.add_argument("--rep-ms", type=int, default=100)
@@ -237,7 +278,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if args.sweep:
         (out / "sweep.json").write_text(json.dumps(dict(info=info, ops=sweep(args.ops.split(","), {k: [int(v) for v in getattr(args, f"sweep_{k}").split(",")]
-                                                                       for k in ("rows", "loop", "warps", "stages")})), indent=1))
+                                                                       for k in ("rows", "loop", "warps", "stages", "inner")})), indent=1))
         return
     rows = bench(args.ops.split(","), args.warmup_ms, args.rep_ms)
     (out / "results.json").write_text(json.dumps(dict(info=info, rows=rows), indent=1))
