@@ -90,6 +90,9 @@ class Result:
             lines.append(f"tunables measured on this GPU (tuning database): {self.tuned}")
         lines.append(f"chosen: {c.family} ({c.sched.passes} pass{'es' if c.sched.passes != 1 else ''} over "
                      f"{c.sched.loop}; rows {c.sched.row}, columns {c.sched.col}, programs over {list(c.sched.grid)})")
+        if c.sched.chunked:
+            lines.append(f"long axes reduced in blocks of their own inside the loop over {c.sched.loop}: "
+                         f"{', '.join(c.sched.chunked)} (BLOCK_{', BLOCK_'.join(a.upper() for a in c.sched.chunked)})")
         lines.append(f"why: {self.why()}")
         return "\n".join(lines)
 

@@ -139,6 +139,7 @@ def test_linear_cross_entropy_never_stores_the_logits_and_matches_torch(tmp_path
                                                      f'Spec("linear_cross_entropy_{dtype}")'))
     result, mod = compiled(path)
     assert result.chosen.sched.passes == 1 and result.chosen.sched.chunked == ("d",)
+    assert "long axes reduced in blocks of their own inside the loop over v: d (BLOCK_D)" in result.explain()
     torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[dtype]
     g = torch.Generator().manual_seed(3)
     T, V = 37, 201
