@@ -14,6 +14,7 @@ import hashlib  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 from neptune_eqsat.compiler import optimize  # noqa: E402
 from neptune_eqsat.reference import evaluate, random_inputs, tolerance  # noqa: E402
@@ -21,6 +22,11 @@ from neptune_eqsat.runtime import load_module  # noqa: E402
 from neptune_eqsat.spec import load_spec  # noqa: E402
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
+
+# Random shapes per kernel test (2 by default; NEPTUNE_KERNEL_EXAMPLES=20 python -m pytest tests/test_kernels.py
+# tests/test_split.py tries more): each example runs a shipped kernel under the interpreter.
+KERNEL_EXAMPLES = int(os.environ.get("NEPTUNE_KERNEL_EXAMPLES", "2"))
+FEW = settings(max_examples=KERNEL_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @functools.lru_cache(maxsize=None)

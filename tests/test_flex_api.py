@@ -209,6 +209,7 @@ def test_compiled_kernels_are_reused_from_the_disk_cache(monkeypatch):
     assert torch.equal(check(q, k, v, None, mask), first)
 
 
+@pytest.mark.slow   # two fresh interpreters; the disk cache within one process: the test above
 def test_processes_sharing_the_cache(tmp_path):
     """Two processes compile the same kernel into one fresh cache at once; both get the right result."""
     import subprocess

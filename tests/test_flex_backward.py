@@ -67,8 +67,8 @@ def causal(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_causal_gqa_with_a_learnable_bias_table_and_an_empty_row(dtype):
+@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.slow)])
+def test_causal_gqa_with_a_learnable_bias_table_and_an_empty_row(dtype):   # bf16 gradients: also test_autodiff
     def mods(learned):
         (bias,) = learned
 
@@ -78,7 +78,7 @@ def test_causal_gqa_with_a_learnable_bias_table_and_an_empty_row(dtype):
         def mask(b, h, q_idx, kv_idx):
             return causal(b, h, q_idx, kv_idx) & (q_idx != 4)   # row 4 keeps no key: output and gradients 0
         return rel_bias, mask
-    run_both((2, 4, 2, 29, 37, 16), dtype, mods, learn=[torch.randn(4, 17)])
+    run_both((2, 4, 2, 21, 27, 16), dtype, mods, learn=[torch.randn(4, 17)])
 
 
 def test_learnable_alibi_slopes_and_soft_cap_in_fp32():

@@ -13,7 +13,7 @@ from neptune_eqsat.saturate import Limits, saturate
 from neptune_eqsat.schedule import schedule
 from neptune_eqsat.spec import load_spec
 
-from conftest import SPECS, assert_close, spec_variant
+from conftest import SPECS, assert_close, compiled, spec_variant
 
 
 def rolls(term):
@@ -22,7 +22,7 @@ def rolls(term):
 
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "causal_pf", "global_pf", "window_pf"])
 def test_rolling_update_gives_one_pass(name):
-    result = optimize(SPECS / f"{name}.py")
+    result = compiled(str(SPECS / f"{name}.py"))[0]
     chosen = result.chosen
     assert chosen.family == "rolled" and chosen.sched.passes == 1
     assert rolls(chosen.term), "no rolled reduction in the chosen plan"
@@ -34,13 +34,17 @@ def test_rolling_update_gives_one_pass(name):
 
 def test_repair_term_is_a_derived_term_in_the_egraph():
     """For attention the repair is acc * exp(prev(m) - m): derived (acc * finite_or_zero(x / prev(x)) with
-    x = exp(-m)), then simplified by the algebra rules and moved to base 2 by the scalar rules."""
-    result = optimize(SPECS / "causal_pf.py")
+    x = exp(-m)), then simplified by the algebra rules and moved to base 2 by the scalar rules; the score's scale
+    1/sqrt(128) and log2(e) are folded into one factor."""
+    result = compiled(str(SPECS / "causal_pf.py"))[0]
     repairs = {ir.show(r.args[1]) for r in rolls(result.chosen.term)}
     assert len(repairs) == 1
     (text,) = repairs
     assert text.startswith("(acc * exp2_or_zero((prev_j(where((max(j,"), text
-    assert "0.12751743082459868" in text        # 1/sqrt(128) * log2(e), folded into the score scale
+    repair = rolls(result.chosen.term)[0].args[1]
+    scales = [a.attrs[0] for t in ir.walk(repair) if t.op == "bin" and t.attrs[0] == "mul"
+              for a, b in (t.args, t.args[::-1]) if a.op == "const" and b.op == "red" and b.attrs[1] == "d"]
+    assert scales and all(s == pytest.approx(math.log2(math.e) / math.sqrt(128), rel=1e-12) for s in scales), text
     assert "tl.math.exp2" in result.source       # emitted like any other expression
     assert "tl.exp(" not in result.source
 
@@ -78,7 +82,7 @@ def test_saturation_stops_at_the_node_limit_and_still_extracts():
 def test_unfused_plan_runs_too():
     """The unfused two-pass plan stays extractable and correct."""
     spec = load_spec(SPECS / "softmax.py")
-    result = optimize(SPECS / "softmax.py")
+    result = compiled(str(SPECS / "softmax.py"))[0]
     unfused = next(c for c in result.candidates if c.family == "unfused")
     from neptune_eqsat.codegen.module import module_source
     from neptune_eqsat.runtime import load_module
@@ -101,7 +105,7 @@ def test_chain_that_cannot_be_repaired_stays_unfused_and_says_why(tmp_path):
     """sum_j sqrt(x - min_j x) has no repairable form (sqrt is no polynomial in the running minimum): it is not
     rolled, explain says so, and the two-pass kernel is still correct."""
     path = row_spec(tmp_path, "root_deviation", "dev = x[r, j] - min(j, x[r, j])", "sum(j, sqrt(dev))")
-    result = optimize(path)
+    result = compiled(str(path))[0]
     assert result.chosen.family == "unfused" and result.chosen.sched.passes == 2
     assert "not rolled: sum(j, sqrt((x[r, j] - min(j, x[r, j]))" in result.explain()
     assert_close(str(path), {"R": 7, "N": 45})
@@ -111,7 +115,7 @@ def test_a_squared_deviation_from_the_running_max_rolls_by_its_moments(tmp_path)
     """sum_j (x - max_j x)^2 is a polynomial in the max: the prefix sum moves to a new max by its count and
     first moment (moments.py), one pass, as exact as two."""
     path = row_spec(tmp_path, "squared_deviation", "dev = x[r, j] - max(j, x[r, j])", "sum(j, dev * dev)")
-    result = optimize(path)
+    result = compiled(str(path))[0]
     assert result.chosen.family in ("rolled", "split") and result.chosen.sched.passes == 1   # split: 1024 rows
     assert result.saturation.fired["roll-sum-moments-square-of-sub"]
     assert_close(str(path), {"R": 7, "N": 45})
@@ -121,7 +125,7 @@ def test_soft_cap_becomes_one_exp2_with_its_constants_folded():
     """cap * tanh(s / cap) is extracted as c - 2c * logistic2(s * k): tanh-as-logistic2 fires, the score's scale
     and 2 log2(e) fold into one factor k, the cap (times log2 e, for the softmax's exp2) distributes over the
     difference, and no sigmoid is left in the kernel (whose correctness test_kernels checks)."""
-    result = optimize(SPECS / "softcap_pf.py")
+    result = compiled(str(SPECS / "softcap_pf.py"))[0]
     assert result.saturation.fired["tanh-as-logistic2"] >= 1
     text = ir.show(result.chosen.term)
     assert "tanh" not in text
@@ -141,7 +145,7 @@ def test_logistic_function_becomes_logistic2_and_stays_right(tmp_path):
         'spec = Spec("softmax")': 'spec = Spec("gated_sum")',
         "m = max(j, x[r, j])\np = exp(x[r, j] - m)\nspec.output(\"y\", f32, p / sum(j, p), r, j)":
             'spec.output("y", f32, sum(j, x[r, j] / (1.0 + exp(-x[r, j]))), r)'})
-    result = optimize(path)
+    result = compiled(str(path))[0]
     assert result.saturation.fired["logistic2-of-exp2"] >= 1
     text = ir.show(result.chosen.term)
     assert "logistic2(" in text and "exp" not in text.replace("logistic2", ""), text
@@ -209,7 +213,7 @@ def test_attention_variants_fuse_into_one_pass_and_match_float64(name, sizes):
     """Sigmoid attention (no normalizer, the value written first in the product) and attention followed by an
     RMSNorm over its own output axis (a reduction over e inside a value over e) plan one pass over the keys
     and compute what the spec says: both were refused with internal layout errors before."""
-    result = optimize(SPECS / f"{name}.py")
+    result = compiled(str(SPECS / f"{name}.py"))[0]
     assert result.chosen.sched.passes == 1   # one pass over the keys (sigmoid attention needs no rolling)
     assert_close(str(SPECS / f"{name}.py"), sizes, seed=3)
 
@@ -229,7 +233,7 @@ def test_the_plan_does_not_depend_on_where_the_normalizer_is_written(tmp_path):
                         "m = max(j, x[r, j])\n"
                         "l = sum(j, exp(x[r, j] - m))\n"
                         f"spec.output('y', f32, sum(j, {term}), r)\n")
-        result = optimize(path)
+        result = compiled(str(path))[0]
         passes[where] = result.chosen.sched.passes
         assert_close(str(path), {"R": 5, "N": 77}, seed=2)
     assert passes == {"inside": 1, "outside": 1}
@@ -251,6 +255,6 @@ def test_a_row_scale_written_around_the_difference_still_fuses(tmp_path, written
                     "t = spec.input('t', f32, R, positive=True)\n"
                     f"p = {written}\n"
                     "spec.output('y', f32, sum(j, p * x[r, j]) / sum(j, p), r)\n")
-    result = optimize(path)
+    result = compiled(str(path))[0]
     assert result.chosen.sched.passes == 1, result.explain()
     assert_close(str(path), {"R": 5, "N": 77}, seed=4)

@@ -1,36 +1,35 @@
 """Every emitted kernel against the float64 reference of its unfused spec, under Triton's interpreter.
 
-Shapes come from hypothesis: lengths that are not multiples of the block (16 under the interpreter), several
-batches, and variants of the shipped specs whose masks empty whole rows or whose window is short enough to
-skip blocks at these sizes.
+Shapes come from hypothesis: lengths that are not multiples of the block (16 under the interpreter) and span
+up to three blocks, several batches, and variants of the shipped specs whose masks empty whole rows or whose
+window is short enough to skip blocks at these sizes.
 """
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from neptune_eqsat.reference import evaluate, random_inputs, tolerance
 from neptune_eqsat.spec import load_spec
 
-from conftest import SPECS, assert_close, compiled, run_against_reference, spec_variant
+from conftest import FEW, SPECS, assert_close, compiled, run_against_reference, spec_variant
 
 PREFILL = ["global_pf", "causal_pf", "gqa_pf", "alibi_pf", "softcap_pf", "window_pf"]
-FEW = settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @pytest.mark.parametrize("name", PREFILL)
 @FEW
-@given(batch=st.integers(1, 2), seq=st.integers(1, 70))
+@given(batch=st.integers(1, 2), seq=st.integers(1, 40))
 def test_prefill_kernels_match_float64(name, batch, seq):
     assert_close(str(SPECS / f"{name}.py"), {"B": batch, "S": seq}, seed=seq)
 
 
 @pytest.mark.parametrize("name", PREFILL)
 def test_prefill_odd_length(name):
-    assert_close(str(SPECS / f"{name}.py"), {"B": 1, "S": 33}, seed=7)
+    assert_close(str(SPECS / f"{name}.py"), {"B": 1, "S": 23}, seed=7)
 
 
 @FEW
-@given(seq=st.integers(20, 64), window=st.integers(1, 19))
+@given(seq=st.integers(20, 40), window=st.integers(1, 19))
 def test_short_window_skips_blocks_correctly(tmp_path, seq, window):
     path = spec_variant(tmp_path, "window_pf", {"CAP, WINDOW = 50.0, 4096": f"CAP, WINDOW = 50.0, {window}"})
     assert_close(path, {"B": 1, "S": seq}, seed=window)
@@ -48,9 +47,9 @@ def test_fully_masked_rows_give_zero_not_nan(tmp_path, seq, empty):
 def test_alibi_far_keys_do_not_overflow_the_repair():
     """Steep slopes push early keys' scores far below 0: the first repair factor overflows and must give 0."""
     spec = load_spec(SPECS / "alibi_pf.py")
-    inputs = random_inputs(spec, {"B": 1, "S": 60}, seed=2)
+    inputs = random_inputs(spec, {"B": 1, "S": 40}, seed=2)
     inputs["slope"] = torch.full_like(inputs["slope"], 40.0)
-    assert_close(str(SPECS / "alibi_pf.py"), {"B": 1, "S": 60}, inputs=inputs)
+    assert_close(str(SPECS / "alibi_pf.py"), {"B": 1, "S": 40}, inputs=inputs)
 
 
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "max_normalized_sum"])
@@ -98,7 +97,7 @@ def _strided(x, step):
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "heads_transposed", "last_dim_strided"])
-@pytest.mark.parametrize("name, sizes", [("causal_pf", {"B": 1, "S": 37}), ("gqa_dc", {"B": 1, "Q": 1, "SKV": 37})])
+@pytest.mark.parametrize("name, sizes", [("causal_pf", {"B": 1, "S": 21}), ("gqa_dc", {"B": 1, "Q": 1, "SKV": 21})])
 def test_kernels_move_data_through_descriptors_where_the_layout_allows_and_pointers_otherwise(name, sizes, layout,
                                                                                           monkeypatch):
     path = str(SPECS / f"{name}.py")
@@ -123,6 +122,6 @@ def test_every_order_of_row_blocks_gives_the_reference(order):
     """Causal row blocks may run in order, longest first per head, or longest first across heads."""
     result, mod = compiled(str(SPECS / "causal_pf.py"))
     assert mod.CONFIG["ROW_ORDER"] == 1
-    inputs = random_inputs(result.spec, {"B": 2, "S": 41}, seed=order)
+    inputs = random_inputs(result.spec, {"B": 1, "S": 41}, seed=order)
     out = mod.forward(*inputs.values(), config={"ROW_ORDER": order})
     assert (out.double() - evaluate(result.spec, inputs)).abs().max() <= tolerance(result.spec.output_dtype)

@@ -6,17 +6,16 @@ import sys
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from neptune_eqsat import ir
 from neptune_eqsat.combine import combine_plan
 from neptune_eqsat.cost import Device, split_count
 from neptune_eqsat.reference import Evaluator, _align, evaluate, random_inputs, tolerance
 
-from conftest import SPECS, compiled
+from conftest import FEW, SPECS, compiled
 
 DECODE = ["causal_dc", "gqa_dc", "alibi_dc", "softcap_dc"]
-FEW = settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @pytest.mark.parametrize("name", DECODE)
@@ -52,10 +51,11 @@ def test_chunk_count_fills_the_device_only_when_it_must():
 
 @pytest.mark.parametrize("name", DECODE)
 @FEW
-@given(batch=st.integers(1, 2), queries=st.integers(1, 4), kv=st.integers(1, 70), chunks=st.integers(0, 5))
+@given(batch=st.integers(1, 2), queries=st.integers(1, 4), kv=st.integers(1, 40), chunks=st.integers(0, 5))
 def test_decode_kernels_match_float64(name, batch, queries, kv, chunks):
     """Odd KV lengths, several queries at the end of the sequence (bottom-right causal), chunk counts that do
-    not divide the length (0 = the launcher's choice)."""
+    not divide the length (0 = the launcher's choice); several batches or several queries, up to four rows."""
+    assume(batch * queries <= 4)
     result, mod = compiled(str(SPECS / f"{name}.py"))
     inputs = random_inputs(result.spec, {"B": batch, "Q": queries, "SKV": kv}, seed=kv)
     out = mod.forward(*inputs.values(), config={"CHUNKS": chunks})
@@ -74,33 +74,33 @@ def test_kv_shorter_than_one_chunk_and_more_chunks_than_blocks():
 
 
 
-@pytest.mark.parametrize("in_kernel", [1, 0])
+@pytest.mark.parametrize("in_kernel", [1, pytest.param(0, marks=pytest.mark.slow)])   # 0: also in the next test
 def test_the_combine_runs_in_the_partial_kernel_or_in_a_second_one(in_kernel):
     """In one launch the last chunk program of each tile combines; its ticket is left zero for the next call
     (a ticket left over would make a later call combine too early)."""
     result, mod = compiled(str(SPECS / "gqa_dc.py"))
     combine = {**mod.INTERPRETER_CONFIG["COMBINE"], "in_kernel": in_kernel}
-    for kv, seed in ((37, 1), (37, 2), (50, 3)):
-        inputs = random_inputs(result.spec, {"B": 2, "Q": 3, "SKV": kv}, seed=seed)
+    for kv, seed in ((37, 1), (50, 3)):
+        inputs = random_inputs(result.spec, {"B": 1, "Q": 3, "SKV": kv}, seed=seed)
         out = mod.forward(*inputs.values(), config={"CHUNKS": 3, "COMBINE": combine})
         assert (out.double() - evaluate(result.spec, inputs)).abs().max().item() <= tolerance("f16")
         assert all(int(t.abs().sum()) == 0 for t in mod._TICKETS.values())
 
 
-@pytest.mark.parametrize("name", DECODE)
-def test_the_combine_rolls_over_blocks_of_chunks_in_one_pass(name):
+@pytest.mark.parametrize("name", [n if n != "softcap_dc" else pytest.param(n, marks=pytest.mark.slow) for n in DECODE])
+def test_the_combine_rolls_over_blocks_of_chunks_in_one_pass(name):   # softcap_dc's combine is gqa_dc's
     """The combine reads every partial once, in one pass: its reductions over chunks are rolled, the running
     sums repaired as the running maximum grows block by block. Peaked scores make the chunks' maxima differ a
-    lot, and 11 chunks in blocks of 4 give three blocks (the last one partial), so a missing or wrong repair
-    shows."""
+    lot, and the 11 chunks asked of 45 keys (one per key block: 3) in blocks of 2 give two blocks (the last one
+    partial), so a missing or wrong repair shows."""
     result, mod = compiled(str(SPECS / f"{name}.py"))
     comb = combine_plan(result.chosen.sched)
     assert comb.sched.passes == 1
     assert all(r.op == "roll" for r in comb.sched.reductions)
-    inputs = random_inputs(result.spec, {"B": 1, "Q": 2, "SKV": 83}, seed=5)
+    inputs = random_inputs(result.spec, {"B": 1, "Q": 2, "SKV": 45}, seed=5)
     inputs["q"] = inputs["q"] * 6
     ref = evaluate(result.spec, inputs)
-    combine = {**mod.INTERPRETER_CONFIG["COMBINE"], "BLOCK_J_CHUNK": 4}
+    combine = {**mod.INTERPRETER_CONFIG["COMBINE"], "BLOCK_J_CHUNK": 2}
     for in_kernel in (1, 0):
         out = mod.forward(*inputs.values(), config={"CHUNKS": 11, "COMBINE": {**combine, "in_kernel": in_kernel}})
         assert (out.double() - ref).abs().max().item() <= tolerance(result.spec.output_dtype)
@@ -179,41 +179,45 @@ import importlib.util, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-path, stream = sys.argv[1], int(sys.argv[2])
+path, folder = sys.argv[1], sys.argv[2]
 spec = importlib.util.spec_from_file_location("generated", path)
 mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
 kernel = getattr(mod, mod.NAME + "_kernel")
-cfg = {**mod.CONFIG, "STREAM": stream, "USE_TMA": 0, "num_stages": 1}
-values = {"COMBINE_IN_KERNEL": 1, **{"COMBINE_" + k: v for k, v in cfg["COMBINE"].items()}, **cfg}
-signature, constants, attrs = {}, {}, {}
-for n, p in enumerate(kernel.params):
-    if p.is_constexpr:
-        signature[p.name], constants[p.name] = "constexpr", values[p.name]
-    elif "_desc" in p.name:
-        signature[p.name], constants[p.name] = "constexpr", None
-    elif p.name.endswith("_ptr"):
-        signature[p.name] = "*i32" if p.name == "tickets_ptr" else "*fp32" if p.name.startswith("part") else "*fp16"
-        attrs[(n,)] = [["tt.divisibility", 16]]
-    else:
-        signature[p.name] = "i32"
-compiled = triton.compile(ASTSource(kernel, signature, constexprs=constants, attrs=attrs),
-                          target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["num_warps"], "num_stages": 1})
-print(compiled.asm["ptx"])
+for stream in (1, 0):
+    cfg = {**mod.CONFIG, "STREAM": stream, "USE_TMA": 0, "num_stages": 1}
+    values = {"COMBINE_IN_KERNEL": 1, **{"COMBINE_" + k: v for k, v in cfg["COMBINE"].items()}, **cfg}
+    signature, constants, attrs = {}, {}, {}
+    for n, p in enumerate(kernel.params):
+        if p.is_constexpr:
+            signature[p.name], constants[p.name] = "constexpr", values[p.name]
+        elif "_desc" in p.name:
+            signature[p.name], constants[p.name] = "constexpr", None
+        elif p.name.endswith("_ptr"):
+            part = "*fp32" if p.name.startswith("part") else "*fp16"
+            signature[p.name] = "*i32" if p.name == "tickets_ptr" else part
+            attrs[(n,)] = [["tt.divisibility", 16]]
+        else:
+            signature[p.name] = "i32"
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs=constants, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": cfg["num_warps"], "num_stages": 1})
+    open(f"{folder}/stream{stream}.ptx", "w").write(compiled.asm["ptx"])
 '''
 
 
-@pytest.mark.parametrize("stream", [1, 0])
-def test_the_read_once_hint_reaches_the_machine_code(stream, tmp_path):
+def test_the_read_once_hint_reaches_the_machine_code(tmp_path):
     """Compiled for a Hopper GPU (no GPU needed to compile), the K/V loads of the partial kernel carry the L2
-    evict-first policy exactly when STREAM is on."""
+    evict-first policy exactly when STREAM is on (both settings compiled in one process)."""
     result, _ = compiled(str(SPECS / "gqa_dc.py"))
     module, script = tmp_path / "gqa_dc.py", tmp_path / "ptx.py"
     module.write_text(result.source)
     script.write_text(PTX_OF_PARTIAL_KERNEL)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    ptx = subprocess.run([sys.executable, str(script), str(module), str(stream)], env=env, check=True,
-                         capture_output=True, text=True, timeout=600).stdout
-    assert "ld.global" in ptx
-    assert ("createpolicy.fractional.L2::evict_first" in ptx) == bool(stream)
-    assert ("L2::cache_hint" in ptx) == bool(stream)
+    subprocess.run([sys.executable, str(script), str(module), str(tmp_path)], env=env, check=True,
+                   capture_output=True, text=True, timeout=600)
+    for stream in (1, 0):
+        ptx = (tmp_path / f"stream{stream}.ptx").read_text()
+        assert "ld.global" in ptx
+        assert ("createpolicy.fractional.L2::evict_first" in ptx) == bool(stream)
+        assert ("L2::cache_hint" in ptx) == bool(stream)
