@@ -40,7 +40,7 @@ VECTOR_ROWS_CONFIG = {"num_warps": 4, "num_stages": 3, "row": 1, "loop": 2048}
 
 
 def vector_rows(sched: Schedule) -> bool:
-    return bool(sched.row) and not sched.inner and sched.col is None
+    return bool(sched.row) and bool(sched.loop) and not sched.inner and sched.col is None
 
 
 def whole_row_lines(block: str, length: str) -> list[str]:
