@@ -10,7 +10,7 @@ higher locally).
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, note, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, note, settings, strategies as st
 
 from conftest import assert_close
 
@@ -82,6 +82,7 @@ def random_specs(examples: int):
 
 @random_specs(EXAMPLES)
 def test_random_attention_specs_match_float64(tmp_path_factory, mod, mask, hkv, group, dim, batch, seq):
+    assume(batch * hkv * group <= 8)   # at most 8 (batch, head) rows of programs here; up to 32 in the slow pass
     check_random_spec(tmp_path_factory, mod, mask, hkv, group, dim, batch, seq)
 
 
