@@ -220,8 +220,9 @@ class KernelWriter:
             truncates_down = _nonnegative(ar[0]) and ar[1].op == "const" and ar[1].attrs[0] > 0
             return self.binary(at[0], [self.emit(a, prev) for a in ar], blk, truncates_down)
         if op == "where":
-            if t in self.masked_wheres and not self.ctx.masked:
-                return self.emit(ar[1], prev)          # inside the mask for every element of this block
+            if t in self.masked_wheres and not self.ctx.masked:   # inside the mask for every element of the block
+                kept = self.emit(ar[1], prev)   # over the where's axes still (a constant kept: 0.5 at every i, j)
+                return self.broadcast(self.as_float(self.int_as_float(kept)), self.canon(t.free), blk)
             c, a, b = (self.emit(x, prev) for x in ar)
             axes = self.canon(set(c.axes) | set(a.axes) | set(b.axes))
             a, b = self.as_float(a), self.as_float(b)
@@ -448,11 +449,14 @@ class KernelWriter:
     def along(self, x: Val, k: str, blk: str) -> Val:
         """x as a tile over k: a body that does not vary along the reduced axis (a count, sum_j 1) is the same
         value at every k, and the lanes past the axis's end are masked like any other."""
-        if k in x.axes:
+        return x if k in x.axes else self.broadcast(x, self.canon(x.axes + (k,)), blk)
+
+    def broadcast(self, x: Val, axes: tuple[str, ...], blk: str) -> Val:
+        """x as a float tile over `axes` (a superset of its own)."""
+        if x.axes == axes:
             return x
-        axes = self.canon(x.axes + (k,))
-        lanes = Val(f"tl.full([{self.block(k)}], 1.0, tl.float32)", (k,), "f32")
-        return Val(self.put(blk, f"{self.expand(x, axes)} * {self.expand(lanes, axes)}"), axes, "f32")
+        zeros = f"tl.zeros([{', '.join(self.block(a) for a in axes)}], tl.float32)"
+        return Val(self.put(blk, f"{self.expand(x, axes)} + {zeros}"), axes, "f32")
 
     def reorder(self, v: Val, blk: str) -> Val:
         want = self.canon(v.axes)
