@@ -14,7 +14,7 @@ def test_the_benchmark_selfcheck_passes_for_every_op_but_the_long_window(monkeyp
     past the 4096-key window, most of the self-check's time; the slow test below runs it)."""
     sys.path.insert(0, str(ROOT))
     try:
-        from bench import attention
+        from bench.suite import attention
     finally:
         sys.path.remove(str(ROOT))
     monkeypatch.setattr(attention, "OPS", {n: op for n, op in attention.OPS.items() if n != "window_pf"})
@@ -26,7 +26,7 @@ def test_the_benchmark_selfcheck_passes_for_every_op_but_the_long_window(monkeyp
 
 @pytest.mark.slow
 def test_the_benchmark_selfcheck_passes():
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "attention.py"), "--selfcheck"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "bench.suite.attention", "--selfcheck"], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "selfcheck passed" in done.stdout

@@ -1,7 +1,7 @@
 """Watch the GPU's SM clock, power and temperature while one kernel runs back to back: tells a kernel that got
 slower from a GPU that clocked down under sustained load (long prefill calls draw the most power).
 
-    python bench/clock_watch.py [--op causal_pf] [--S 16384] [--seconds 15]
+    python -m bench.tools.clock_watch [--op causal_pf] [--S 16384] [--seconds 15]
 
 Runs the generated module (bench/generated/<op>.py), then SDPA's cuDNN backend for the same causal shape, each
 for --seconds, timing every call with CUDA events and sampling NVML every 0.2 s. Prints per second: calls'
@@ -9,16 +9,13 @@ median time, SM clock, power and temperature. Imports torch, triton and pynvml (
 """
 import argparse
 import statistics
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pynvml
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sweep_configs import HEADS, cudnn_attention, load   # noqa: E402
+from bench.common import GENERATED, HEADS, cudnn_attention, load
 
 
 def sampler(handle, samples, stop):
@@ -66,7 +63,7 @@ def main():
     hq, hk = HEADS.get(args.op, (32, 32))
     q = torch.randn(1, hq, args.S, 128, device="cuda", dtype=torch.float16)
     k, v = (torch.randn(1, hk, args.S, 128, device="cuda", dtype=torch.float16) for _ in range(2))
-    mod = load(Path(__file__).resolve().parent / "generated" / f"{args.op}.py")
+    mod = load(GENERATED / f"{args.op}.py")
     watch("neptune", lambda: mod.forward(q, k, v), args.seconds, handle)
     watch("cudnn", lambda: cudnn_attention(q, k, v, causal=True), args.seconds, handle)
 

@@ -12,11 +12,13 @@ operator: no score mod, no mask or causal), eager (the plain math, only when ask
 
 Writes results.json, results.md and results.png (if matplotlib imports) into --out. Needs torch, triton and a
 CUDA GPU; `--help` and `--selfcheck` (CPU checks of the reference and the accounting) run without them.
+
+    python -m bench.suite.attention [--ops OP,...] [--seqs ...] [--kv ...] [--out DIR]   # from the repository root
+    python -m bench.suite.attention --selfcheck
 """
 import argparse
 import functools
 import gc
-import importlib.util
 import json
 import math
 import os
@@ -27,6 +29,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from bench import common
 
 try:
     import torch
@@ -40,7 +44,6 @@ DTYPE = "fp16"   # the inputs' dtype of a run (--dtype)
 FULL_CHECK = 2 ** 27     # B*Hq*Sq*Skv up to which every (batch, head) is checked against float64
 SAMPLED = 4              # otherwise this many fixed random (batch, head) pairs, all their query rows
 REF_CHUNK = 2 ** 25      # float64 score elements per reference chunk (256 MiB)
-HERE = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True)
@@ -220,11 +223,8 @@ def api_callables(op, slopes, offset):
 
 
 def import_package():
-    """neptune_eqsat from this checkout (the bench runs as a script, without the package installed)."""
-    if str(HERE.parent) not in sys.path:
-        sys.path.insert(0, str(HERE.parent))
-    import neptune_eqsat
-    return neptune_eqsat
+    """neptune_eqsat from this checkout (also without the package installed)."""
+    return common.import_package()
 
 
 def neptune_api(case):
@@ -432,15 +432,7 @@ def print_row(r):
 
 def load_module(path):
     """Import a generated kernel module from its file (registered in sys.modules, as Triton and dataclasses expect)."""
-    name = f"neptune_generated_{path.stem}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
+    module = common.load_module(path)
     if not callable(getattr(module, "forward", None)):
         raise AttributeError(f"{path} has no forward()")
     return module
@@ -688,7 +680,10 @@ def copy_bandwidth():
     """Device-to-device copy of 1 GiB, GB/s of bytes read plus written (the cost model's calibration of the
     same): the ceiling decode runs against."""
     import_package()
-    from neptune_eqsat.calibrate import gpu_timer, memory_bandwidth
+    try:
+        from neptune_eqsat.tune.calibrate import gpu_timer, memory_bandwidth
+    except ImportError:   # the package before its modules moved into subfolders
+        from neptune_eqsat.calibrate import gpu_timer, memory_bandwidth
     gbs = memory_bandwidth(gpu_timer) / 1e9
     free("cuda")
     return gbs
@@ -714,7 +709,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=(
         "Shapes: --batch x --seqs for prefill ops, --batch x --kv for decode ops, plus --batch-sweep x "
         "--batch-sweep-seq for every op (duplicates run once). --quick: short timing (warmup 10 ms, rep 50 ms) and, "
-        "unless --seqs/--kv are given, only S = 1024 and KV = 4096. --out defaults to $OUT, else bench/results."),
+        "unless --seqs/--kv are given, only S = 1024 and KV = 4096. --out defaults to $OUT, else bench/results/<gpu>/<date>-attention."),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ops", type=name_list(list(OPS)), default=list(OPS), help="comma list (default: all ten)")
     p.add_argument("--seqs", type=int_list, default=None, help="prefill S (default 1024,4096,16384)")
@@ -722,8 +717,8 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=1, help="batch for --seqs/--kv (default 1)")
     p.add_argument("--batch-sweep", type=int_list, default=[], help="extra batches, e.g. 1,2,4,8,16,32")
     p.add_argument("--batch-sweep-seq", type=int, default=8192, help="S (or KV) of the batch sweep (default 8192)")
-    p.add_argument("--modules", default=str(HERE / "generated"), help="folder of <op>.py (default bench/generated)")
-    p.add_argument("--out", default=os.environ.get("OUT") or str(HERE / "results"), help="output folder")
+    p.add_argument("--modules", default=str(common.GENERATED), help="folder of <op>.py (default bench/generated)")
+    p.add_argument("--out", default=None, help="output folder (default $OUT, else bench/results/<gpu>/<date>-attention)")
     p.add_argument("--systems", type=name_list(SYSTEMS), default=DEFAULT_SYSTEMS,
                    help=f"comma list from {','.join(SYSTEMS)} (default all but eager)")
     p.add_argument("--quick", action="store_true", help="short timing, smallest default shapes")
@@ -739,6 +734,8 @@ def parse_args(argv=None):
         args.seqs = [1024] if args.quick else [1024, 4096, 16384]
     if args.kv is None:
         args.kv = [4096] if args.quick else [4096, 32768]
+    if args.out is None and not args.selfcheck:
+        args.out = str(common.default_out("attention"))
     return args
 
 
@@ -747,18 +744,18 @@ def main(argv=None):
     global DTYPE
     DTYPE = args.dtype
     if torch is None:
-        sys.exit("bench/attention.py needs torch (not importable here)")
+        sys.exit("bench.suite.attention needs torch (not importable here)")
     if args.selfcheck:
         return selfcheck()
     if args.merge:
         return merge(args.merge, Path(args.out))
     if not torch.cuda.is_available():
-        sys.exit("bench/attention.py needs a CUDA GPU (torch.cuda.is_available() is False); "
+        sys.exit("bench.suite.attention needs a CUDA GPU (torch.cuda.is_available() is False); "
                  "--selfcheck runs the CPU checks")
     try:
         import triton  # noqa: F401
     except ImportError:
-        sys.exit("bench/attention.py needs triton (for triton.testing.do_bench)")
+        sys.exit("bench.suite.attention needs triton (for triton.testing.do_bench)")
     for key in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
         if hasattr(torch._dynamo.config, key):
             setattr(torch._dynamo.config, key, 4096)

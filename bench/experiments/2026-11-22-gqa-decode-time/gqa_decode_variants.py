@@ -17,7 +17,8 @@ do_bench (the L2 cache starts full of dirty lines) and with a clean flush:
     read_flat      not attention: K and V read as two flat arrays in blocks of 16-128 KB (read-once hint): a
                    read-only ceiling for these bytes
 
-    python bench/gqa_decode_variants.py [--kv 32768] [--rounds 3] [--variants emitted,nocombine,...]
+    PYTHONPATH=. python bench/experiments/2026-11-22-gqa-decode-time/gqa_decode_variants.py
+                                        [--kv 32768] [--rounds 3] [--variants emitted,nocombine,...]
                                         [--grid stream|descriptors|big|small|tuned] [--reads]
                                         [--combines default,rows8_chunks32,...]
 
@@ -33,11 +34,9 @@ import torch
 import triton
 import triton.language as tl
 
-from attention import COPY_ROW, read_only, same_bytes_copy
-from decode_timing import FLUSH_BYTES, time_in_rounds
-from sweep_configs import cudnn_attention, load
+from bench.common import FLUSH_BYTES, GENERATED, cudnn_attention, load, time_in_rounds
+from bench.suite.attention import COPY_ROW, read_only, same_bytes_copy
 
-HERE = Path(__file__).resolve().parent
 UNCHECKED = (COPY_ROW, "nocombine", "read_chunks", "read_flat", "read_interleave", "read_dynamic")   # no output
 K_LOAD = ('tl.load(k_ptr + b * k_s0 + h_group * k_s1 + offs_j[None, :] * k_s2 + offs_d[:, None] * k_s3, '
           'eviction_policy="evict_first" if STREAM else "")')
@@ -182,7 +181,7 @@ def main() -> None:
     ap.add_argument("--grid", default="stream", choices=sorted(GRIDS))
     ap.add_argument("--reads", action="store_true", help="add the read-only kernels (read_chunks, read_flat)")
     ap.add_argument("--combines", default="default", help=f"combine configs, of {','.join(COMBINES)}")
-    ap.add_argument("--module", default=str(HERE / "generated" / "gqa_dc.py"))
+    ap.add_argument("--module", default=str(GENERATED / "gqa_dc.py"))
     args = ap.parse_args()
     src = Path(args.module).read_text()
     assert src.count(K_LOAD) == 1 and src.count(V_LOAD) == 1 and src.count(FULL_LOOP) == 1, \

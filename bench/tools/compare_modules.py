@@ -3,8 +3,8 @@ kernels. For every op, the module of --before and the module of --after run on t
 checked against the benchmark's float64 reference, and are timed in turns (--rounds), so a drifting clock
 weighs on both alike. Prints each pair and the ratio after / before (above 1: the change is faster).
 
-    python bench/compare_modules.py --before DIR --after DIR [--ops softcap_pf,softcap_dc]
-                                    [--seqs 1024,4096,16384] [--kv 4096,32768] [--rounds 5]
+    python -m bench.tools.compare_modules --before DIR --after DIR [--ops softcap_pf,softcap_dc]
+                                          [--seqs 1024,4096,16384] [--kv 4096,32768] [--rounds 5]
 """
 import argparse
 import dataclasses
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-import attention
+from bench.suite import attention
 
 SIDES = ("before", "after")
 

@@ -1,9 +1,9 @@
 """Time a generated decode module and SDPA's cuDNN backend under several timing methods, to tell the kernels'
 speed apart from the timer's:
 
-    python bench/decode_timing.py [--ops gqa_dc,causal_dc] [--kv 4096,32768]
+    python -m bench.tools.decode_timing [--ops gqa_dc,causal_dc] [--kv 4096,32768]
 
-- do_bench: triton.testing.do_bench, as bench/attention.py times (it zero-fills 256 MB before every call, so the
+- do_bench: triton.testing.do_bench, as bench.suite.attention times (it zero-fills 256 MB before every call, so the
   call starts with the L2 cache full of dirty lines it must write back)
 - dirty_flush: the same by hand, with CUDA events around each call
 - clean_flush: a 256 MB read before every call instead (the cache holds clean lines)
@@ -14,57 +14,11 @@ GB/s counts the bytes of Q, K, V and O. Imports only torch and triton.
 """
 import argparse
 import time
-from pathlib import Path
 
 import torch
 import triton
 
-from sweep_configs import HEADS, cudnn_attention, load
-
-HERE = Path(__file__).resolve().parent
-FLUSH_BYTES = 256 * 2**20
-
-
-def event_median(fn, before, calls=200):
-    pairs = []
-    for _ in range(calls):
-        before()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        pairs.append((a, b))
-    torch.cuda.synchronize()
-    ms = sorted(a.elapsed_time(b) for a, b in pairs)
-    return ms[len(ms) // 2]
-
-
-def time_in_rounds(systems: dict, clean: torch.Tensor, gb: float, rounds: int, title: str, want=None,
-                   checked=lambda name: True, width: int = 32) -> None:
-    """Call every system once (dropping those that fail, comparing the output of those `checked` says with
-    `want`), then time them under do_bench and with a clean flush, in rounds that take turns, and print the
-    medians fastest first (GB/s of `gb` gigabytes per call)."""
-    for name, fn in list(systems.items()):
-        try:
-            out = fn()
-            torch.cuda.synchronize()
-        except Exception as e:   # a config may not fit
-            print(f"  {name}: {type(e).__name__}: {str(e)[:80]}")
-            del systems[name]
-            continue
-        if want is not None and checked(name):
-            err = (out.double() - want.double()).abs().max().item()
-            assert err < 2e-2, f"{title} {name}: max error {err}"
-    times = {name: {"do_bench": [], "clean": []} for name in systems}
-    for _ in range(rounds):
-        for name, fn in systems.items():
-            times[name]["do_bench"].append(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
-            times[name]["clean"].append(event_median(fn, clean.sum, calls=60))
-    med = {n: {m: sorted(v)[len(v) // 2] for m, v in t.items()} for n, t in times.items()}
-    print(f"{title} ({gb * 1e3:.0f} MB of Q, K, V, O; medians of {rounds} rounds)")
-    for name, t in sorted(med.items(), key=lambda kv: kv[1]["do_bench"]):
-        print(f"  {name:{width}s} do_bench {t['do_bench'] * 1e3:6.1f} us {gb / t['do_bench'] * 1e3:5.0f} GB/s"
-              f"   clean flush {t['clean'] * 1e3:6.1f} us {gb / t['clean'] * 1e3:5.0f} GB/s", flush=True)
+from bench.common import FLUSH_BYTES, GENERATED, HEADS, cudnn_attention, event_median, load
 
 
 def graph_ms(fn, inner=10, replays=20):
@@ -103,7 +57,7 @@ def main():
     print(torch.cuda.get_device_name(), f"torch {torch.__version__} triton {triton.__version__}")
     for op in args.ops.split(","):
         hq, hkv = HEADS[op]
-        mod = load(HERE / "generated" / f"{op}.py")
+        mod = load(GENERATED / f"{op}.py")
         for S in map(int, args.kv.split(",")):
             q = torch.randn(1, hq, 1, 128, device="cuda", dtype=torch.float16)
             k, v = (torch.randn(1, hkv, S, 128, device="cuda", dtype=torch.float16) for _ in range(2))

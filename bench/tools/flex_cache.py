@@ -1,21 +1,19 @@
 """Fill neptune_eqsat.flex_attention's kernel cache for the benchmark's ten operators, on a machine with the
 compiler (egglog), so that a GPU machine with only torch and triton runs `--systems neptune_api` from it.
 
-    NEPTUNE_EQSAT_CACHE=bench/flex_cache python bench/flex_cache.py
+    NEPTUNE_EQSAT_CACHE=bench/flex_cache python -m bench.tools.flex_cache
 
 The cache key does not contain the sequence lengths: prefill and decode each need one kernel per operator.
 """
 import os
 import sys
-from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
+from bench.common import import_package
+from bench.suite.attention import D, OPS, alibi_slopes, api_callables
 
-from attention import D, OPS, alibi_slopes, api_callables  # noqa: E402
+import_package()   # neptune_eqsat from this checkout
 from neptune_eqsat import flex  # noqa: E402
 
 

@@ -2,25 +2,19 @@
 as with the combine in a second kernel, over many back-to-back calls with fresh inputs. A partial result read
 before it is visible, or a ticket not reset, shows up here as a mismatch.
 
-    python bench/check_split_repeat.py [--modules bench/generated] [--calls 50]
+    python -m bench.tools.check_split_repeat [--modules bench/generated] [--calls 50]
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
 import torch
 
+from bench.common import GENERATED, load
+
 SHAPES = [dict(B=1, Q=1, SKV=32768), dict(B=3, Q=1, SKV=4097), dict(B=8, Q=4, SKV=8197)]
-
-
-def load(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def random_inputs(mod, sizes, gen):
@@ -33,7 +27,7 @@ def random_inputs(mod, sizes, gen):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--modules", default="bench/generated")
+    ap.add_argument("--modules", default=str(GENERATED))
     ap.add_argument("--calls", type=int, default=50)
     args = ap.parse_args(argv)
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -1,6 +1,7 @@
-"""Tunables of the listed-mask kernels (bench/masks.py's masks): each config against the module's default.
+"""Tunables of the listed-mask kernels (bench.suite.masks's masks): each config against the module's default.
 
-    python bench/mask_configs.py [--seqs 4096,16384] [--masks NAME,...] [--out DIR]
+    PYTHONPATH=. python bench/experiments/2026-11-24-mask-configs/mask_configs.py
+        [--seqs 4096,16384] [--masks NAME,...] [--out DIR]
 
 Runs each mask once through neptune_eqsat.flex_attention, then times the generated module's forward with each
 config of CONFIGS on the same inputs (the block lists of a config's block sizes are built on its first call and
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-import masks as bench_masks
+from bench.suite import masks as bench_masks
 
 CONFIGS = [
     {},

@@ -2,7 +2,7 @@
 module can run (`BACKEND` gluon and triton where it has both), on random inputs at lengths that are not
 multiples of the blocks. Kernels without an interpreter (Gluon) are checked here rather than in the tests.
 
-    python bench/check_kernels.py --specs DIR --modules DIR [--shapes "B=2,S=333;B=1,S=1000"] [--config JSON]
+    python -m bench.tools.check_kernels --specs DIR --modules DIR [--shapes "B=2,S=333;B=1,S=1000"] [--config JSON]
 
 Each module DIR/X.py is paired with the spec DIR/X.py. A row fully masked by its spec must come out 0 (the
 reference says so too), and no output may hold a NaN. Imports torch, triton and the egglog-free part of the
@@ -15,10 +15,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from neptune_eqsat.reference import evaluate, random_inputs, tolerance   # noqa: E402
+from bench.common import import_package, load
+
+import_package()   # neptune_eqsat from this checkout (its egglog-free part)
+try:
+    from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance   # noqa: E402
+except ImportError:   # the package before its modules moved into subfolders
+    from neptune_eqsat.reference import evaluate, random_inputs, tolerance   # noqa: E402
 from neptune_eqsat.spec import load_spec   # noqa: E402
-from sweep_configs import load   # noqa: E402
 
 
 def main() -> int:

@@ -14,7 +14,8 @@ process on the GPU:
 and, for causal, three program orders: row blocks in order within a head, reversed within a head, and the
 longest row blocks of every head first (heads vary fastest).
 
-    python bench/prefill_variants.py [--seqs 1024,4096,16384] [--out DIR]
+    PYTHONPATH=. python bench/experiments/2026-11-22-prefill-kernel-shapes/prefill_variants.py
+        [--seqs 1024,4096,16384] [--out DIR]
 
 Shapes are multiples of every block size (the point is speed; codegen handles tails). Each output is compared
 with SDPA's math backend in float32 before it is timed. Imports only torch and triton.
@@ -31,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sweep_configs import cudnn_attention, load
+from bench.common import GENERATED, cudnn_attention, load
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -198,7 +199,7 @@ def launcher(variant, causal, cfg, order):
 
 
 def load_generated(op):
-    path = Path(__file__).resolve().parent / "generated" / f"{op}.py"
+    path = GENERATED / f"{op}.py"
     return load(path).forward if path.exists() else None
 
 

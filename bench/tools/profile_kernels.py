@@ -1,21 +1,19 @@
 """Run one attention kernel a few times so a profiler can read it, e.g.
 
     ncu --clock-control none --section SpeedOfLight -k regex:'_kernel|sdpa|fprop|fmha' --launch-skip 3 \
-        --launch-count 1 python bench/profile_kernels.py gqa_dc neptune --seq 32768
+        --launch-count 1 python -m bench.tools.profile_kernels gqa_dc neptune --seq 32768
 
 systems: neptune (the generated module in bench/generated), cudnn (SDPA's cuDNN backend), and for global and
-causal prefill the variants of bench/prefill_variants.py, written VARIANT:BLOCK_J:STAGES (e.g. tma:128:3).
+causal prefill the variants of the frozen experiment
+bench/experiments/2026-11-22-prefill-kernel-shapes/prefill_variants.py, written VARIANT:BLOCK_J:STAGES (e.g. tma:128:3).
 Imports only torch and triton.
 """
 import argparse
 import json
-from pathlib import Path
 
 import torch
 
-from sweep_configs import HEADS, cudnn_attention, load
-
-HERE = Path(__file__).resolve().parent
+from bench.common import BENCH, GENERATED, HEADS, cudnn_attention, load
 
 
 def main():
@@ -36,12 +34,13 @@ def main():
     if args.op == "alibi_dc":
         extra = (torch.rand(hq, device="cuda", dtype=torch.float32),)
     if args.system == "neptune":
-        mod = load(HERE / "generated" / f"{args.op}.py")
+        mod = load(GENERATED / f"{args.op}.py")
         fn = lambda: mod.forward(q, k, v, *extra, config=args.config)
     elif args.system == "cudnn":
         fn = lambda: cudnn_attention(q, k, v, causal)
     else:
-        import prefill_variants as pv
+        pv = load(BENCH / "experiments" / "2026-11-22-prefill-kernel-shapes" / "prefill_variants.py",
+                  prefix="bench_experiment_")
         variant, bj, stages = args.system.split(":")
         run = pv.launcher(variant, causal, dict(BLOCK_I=128, BLOCK_J=int(bj), num_warps=8,
                                                num_stages=int(stages)), 2 if causal else 0)

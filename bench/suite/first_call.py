@@ -3,7 +3,7 @@ torch's FlexAttention as a model uses it (create_block_mask, torch.compile of fl
 operators' callables, then calls at other sequence lengths (the e-graph never runs again for a new length;
 FlexAttention recompiles unless its shapes are marked dynamic). Every output is checked against float64.
 
-    python bench/first_call.py [--ops global_pf,...] [--seqs 4096,8192,4999] [--out DIR]
+    python -m bench.suite.first_call [--ops global_pf,...] [--seqs 4096,8192,4999] [--out DIR]
 
 Needs a GPU and the compiler (egglog) beside torch and triton. The kernel cache starts empty
 (NEPTUNE_EQSAT_CACHE is set to a new folder), so every first call compiles; the proof cache is the user's, as
@@ -21,7 +21,8 @@ os.environ["NEPTUNE_EQSAT_CACHE"] = tempfile.mkdtemp(prefix="neptune_first_call_
 
 import torch  # noqa: E402
 
-import attention  # noqa: E402
+from bench import common  # noqa: E402
+from bench.suite import attention  # noqa: E402
 
 
 def timed(fn):
@@ -103,10 +104,10 @@ def main() -> None:
     ap.add_argument("--ops", type=attention.name_list(list(attention.OPS)), default=list(attention.OPS))
     ap.add_argument("--seqs", type=attention.int_list, default=[4096, 8192, 4999],
                     help="prefill S or decode KV of the calls in turn (default 4096,8192,4999)")
-    ap.add_argument("--out", default=os.environ.get("OUT") or str(attention.HERE / "results"))
+    ap.add_argument("--out", default=None, help="default $OUT, else bench/results/<gpu>/<date>-first-call")
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("bench/first_call.py needs a CUDA GPU")
+        sys.exit("bench.suite.first_call needs a CUDA GPU")
     for key in ("cache_size_limit", "recompile_limit"):
         if hasattr(torch._dynamo.config, key):
             setattr(torch._dynamo.config, key, 4096)
@@ -142,7 +143,7 @@ def main() -> None:
         first = got[("flex", args.seqs[0])]["seconds"] / got[("neptune_api", args.seqs[0])]["seconds"]
         lines.append(f"| {name} | " + " | ".join(cells)
                      + f" | {first:.2f}× | {got[('neptune_api', args.seqs[0])]['optimize_s']:.2f} |")
-    out = Path(args.out)
+    out = Path(args.out) if args.out else common.default_out("first-call")
     out.mkdir(parents=True, exist_ok=True)
     (out / "first_call.json").write_text(json.dumps(dict(device=info, setup_s=setup, rows=rows), indent=1))
     (out / "first_call.md").write_text("\n".join(lines) + "\n")

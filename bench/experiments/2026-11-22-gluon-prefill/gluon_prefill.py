@@ -9,14 +9,14 @@ engine under mbarriers, and when each asynchronous warpgroup matrix product is w
 
 Each runs with key blocks of 128 or 64 and 2-4 ring stages.
 
-    python bench/gluon_prefill.py [--seqs 1024,4096,16384] [--rounds 3]
+    PYTHONPATH=. python bench/experiments/2026-11-22-gluon-prefill/gluon_prefill.py
+        [--seqs 1024,4096,16384] [--rounds 3]
 
 Shapes are multiples of the block (the point is speed). Each output is compared with SDPA's math backend in
 float32 before it is timed. Imports only torch and triton.
 """
 import argparse
 import math
-from pathlib import Path
 
 import torch
 import triton
@@ -26,9 +26,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from sweep_configs import cudnn_attention, load
+from bench.common import GENERATED, cudnn_attention, load
 
-HERE = Path(__file__).resolve().parent
 HEADS, DIM = 32, 128
 LOG2E = 1.4426950408889634
 
@@ -173,7 +172,7 @@ def compare(variants) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), f"torch {torch.__version__} triton {triton.__version__}")
-    generated = load(HERE / "generated" / "global_pf.py")
+    generated = load(GENERATED / "global_pf.py")
     for S in map(int, args.seqs.split(",")):
         q, k, v = (torch.randn(1, HEADS, S, DIM, device="cuda", dtype=torch.float16) for _ in range(3))
         want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())

@@ -4,21 +4,19 @@ persistent programs (WS_PERSISTENT), and, where a causal mask makes later row bl
 programs running alternate rounds backwards), beside cuDNN, at S = 1k/4k/16k. Each output is compared with the
 module's Triton kernel first. Run from the repository root on a Hopper GPU:
 
-    python bench/gluon_persistent.py [--modules DIR] [--sizes 1024,4096,16384] [--rings 128x3,64x4]
+    python -m bench.tools.gluon_persistent [--modules DIR] [--sizes 1024,4096,16384] [--rings 128x3,64x4]
                                      [--ops global_pf,causal_pf,gqa_pf]
 
 --rings lists the key/value rings to time, as key block x stages (WS_BLOCK_J x WS_STAGES); by default the
 module's own.
 """
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 import triton
 
-sys.path.insert(0, "bench")
-from sweep_configs import cudnn_attention, load   # noqa: E402
+from bench.common import GENERATED, cudnn_attention, load
 
 
 def median_of_three(fn):
@@ -26,7 +24,7 @@ def median_of_three(fn):
 
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--modules", default="bench/generated", help="folder of the generated modules")
+ap.add_argument("--modules", default=str(GENERATED), help="folder of the generated modules")
 ap.add_argument("--sizes", default="1024,4096,16384")
 ap.add_argument("--rings", default="", help="key block x stages, e.g. 128x3,64x4 (default: the module's)")
 ap.add_argument("--ops", default="global_pf,causal_pf,gqa_pf")

@@ -2,8 +2,9 @@
 beside FlexAttention's backward, SDPA's cuDNN and flash backward where they express the op, and torch.compile of
 the plain math.
 
-    python bench/backward.py --generate [--dtype bf16]           # here, with the compiler: bench/generated/backward/
-    python bench/backward.py --seqs 4096,16384 [--dtype bf16]     # on the GPU: table, JSON and PNG in --out
+    python -m bench.suite.backward --generate [--dtype bf16]        # with the compiler: bench/generated/backward/
+    python -m bench.suite.backward --seqs 4096,16384 [--dtype bf16]  # on the GPU: table and JSON in --out
+    python -m bench.suite.backward --breakdown --ops causal_pf --seqs 16384   # each kernel of ours timed alone
 
 Each system's backward alone is timed (the forward runs once; torch's systems call autograd.grad on the kept
 graph; neptune's module calls backward(q, k, v, out=, grad_out=), which also computes the ALiBi slopes'
@@ -16,17 +17,15 @@ import argparse
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from attention import D, OPS, Case, alibi_slopes, attention_math, flex_args, load_module, work  # noqa: E402
+from bench import common
+from bench.suite.attention import D, OPS, Case, alibi_slopes, attention_math, flex_args, load_module, work
 
 PREFILL = [name for name, op in OPS.items() if op.mode == "prefill"]
-GENERATED = HERE / "generated" / "backward"
+GENERATED = common.GENERATED / "backward"
 SYSTEMS = ("neptune", "flex", "sdpa_cudnn", "sdpa_flash", "inductor")
 TOL = {"fp16": 3e-2, "bf16": 1e-1}
 
@@ -35,7 +34,7 @@ def generate(dtype: str) -> None:
     GENERATED.mkdir(parents=True, exist_ok=True)
     for name in PREFILL:
         out = GENERATED / f"{name}_{dtype}.py"
-        cmd = ["neptune-eqsat", "optimize", str(HERE.parent / "specs" / f"{name}.py"), "--backward", "-o", str(out)]
+        cmd = ["neptune-eqsat", "optimize", str(common.SPECS / f"{name}.py"), "--backward", "-o", str(out)]
         if dtype == "bf16":
             cmd += ["--dtype", "bf16"]
         subprocess.run(cmd, check=True)
@@ -193,7 +192,7 @@ def main() -> None:
     p.add_argument("--ops", default=",".join(PREFILL))
     p.add_argument("--seqs", default="4096,16384")
     p.add_argument("--systems", default=",".join(SYSTEMS))
-    p.add_argument("--out", default=str(HERE / "results" / "backward"))
+    p.add_argument("--out", default=None, help="default $OUT, else bench/results/<gpu>/<date>-backward")
     args = p.parse_args()
     if args.generate:
         generate(args.dtype)
@@ -201,13 +200,12 @@ def main() -> None:
     if args.breakdown:
         breakdown(args)
         return
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                         text=True).stdout.strip()
+    gpu = common.gpu_name()
     rows = run(args)
     text = f"backward TFLOP/s (2.5x forward FLOPs), {gpu}, torch {torch.__version__}, {args.dtype}, B=1, D={D}\n\n"
     text += table(rows)
     print(text)
-    out = Path(args.out)
+    out = Path(args.out) if args.out else common.default_out("backward")
     out.mkdir(parents=True, exist_ok=True)
     (out / f"backward_{args.dtype}.json").write_text(json.dumps({"gpu": gpu, "torch": torch.__version__,
                                                                  "rows": rows}, indent=1))

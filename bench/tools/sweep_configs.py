@@ -1,14 +1,13 @@
 """Time each generated module over a small grid of its tunables (block sizes, warps, stages, and for split
 decode kernels the chunk count) on the GPU.
 
-    python bench/sweep_configs.py [--ops causal_pf,causal_dc,...] [--seqs 4096,16384] [--kv 32768]
-                                  [--modules bench/generated]
+    python -m bench.tools.sweep_configs [--ops causal_pf,causal_dc,...] [--seqs 4096,16384] [--kv 32768]
+                                        [--modules bench/generated] [--json FILE]
 
 Prints, per op and length, the median time of every config and the best one. Imports only torch and triton.
 A call with a config replays its recorded launches like a plain call, so short kernels are timed, not Python.
 """
 import argparse
-import importlib.util
 import itertools
 import json
 import math
@@ -17,9 +16,8 @@ from pathlib import Path
 import torch
 import triton
 
-HEADS = {"global_pf": (32, 32), "causal_pf": (32, 32), "gqa_pf": (64, 8), "alibi_pf": (32, 32),
-         "softcap_pf": (32, 16), "window_pf": (32, 8), "causal_dc": (32, 32), "gqa_dc": (64, 8),
-         "alibi_dc": (32, 32), "softcap_dc": (32, 16)}
+from bench.common import GENERATED, HEADS, load
+
 PREFILL_GRID = [dict(BLOCK_I=bm, BLOCK_J=bn, num_warps=w, num_stages=s)
                 for bm, bn, w, s in itertools.product((64, 128), (64, 128), (4, 8), (2, 3))]
 # decode: chunk counts per tile that put about 1, 2, 3 or 4 programs on each SM (0: the launcher's own count)
@@ -40,28 +38,13 @@ def decode_config(grid_entry: dict, tiles: int, sms: int) -> dict:
     return cfg
 
 
-def cudnn_attention(q, k, v, causal=False):
-    """SDPA through its cuDNN backend (grouped-query heads where K/V have fewer heads than Q)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                                enable_gqa=q.shape[1] != k.shape[1])
-
-
-def load(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", default=",".join(HEADS))
     ap.add_argument("--seqs", default="4096,16384")
     ap.add_argument("--kv", default="32768")
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--modules", default="bench/generated")
+    ap.add_argument("--modules", default=str(GENERATED))
     ap.add_argument("--json", help="also write every config's time here")
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), f"torch {torch.__version__} triton {triton.__version__}", flush=True)

@@ -8,22 +8,20 @@ with a clean flush, in rounds that take turns:
                   drops the hint)
     plain         the same configs with STREAM off (what the hint itself is worth)
 
-    python bench/decode_variants.py [--ops gqa_dc,causal_dc,softcap_dc] [--kv 32768] [--rounds 3]
+    PYTHONPATH=. python bench/experiments/2026-11-22-decode-load-form/decode_variants.py
+        [--ops gqa_dc,causal_dc,softcap_dc] [--kv 32768] [--rounds 3]
 
 Every output is compared with SDPA's math backend in float32 first. Imports only torch and triton.
 """
 import argparse
 import itertools
-from pathlib import Path
 
 import torch
 import triton
 
-from attention import COPY_ROW, same_bytes_copy
-from decode_timing import FLUSH_BYTES, time_in_rounds
-from sweep_configs import HEADS, cudnn_attention, load
+from bench.common import FLUSH_BYTES, GENERATED, HEADS, cudnn_attention, load, time_in_rounds
+from bench.suite.attention import COPY_ROW, same_bytes_copy
 
-HERE = Path(__file__).resolve().parent
 STREAM_GRID = [dict(BLOCK_J=bj, num_warps=w, num_stages=1, CHUNKS=c)
                for bj, w, c in itertools.product((64, 128), (4, 8), (16, 32, 64))]
 
@@ -37,7 +35,7 @@ def main() -> None:
     clean = torch.empty(FLUSH_BYTES // 2, device="cuda", dtype=torch.float16).normal_()
     print(torch.cuda.get_device_name(), f"torch {torch.__version__} triton {triton.__version__}")
     for op in args.ops.split(","):
-        mod = load(HERE / "generated" / f"{op}.py")
+        mod = load(GENERATED / f"{op}.py")
         assert "STREAM" in mod.CONFIG, f"{op}: the module has no STREAM switch (generate it again)"
         hq, hkv = HEADS[op]
         for S in map(int, args.kv.split(",")):

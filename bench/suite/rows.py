@@ -2,8 +2,9 @@
 cross-entropy, beside eager torch, torch.compile of the same math and Liger-kernel's Triton kernels where it has
 the op.
 
-    python bench/rows.py --generate                  # here, with the compiler: bench/generated/rows/
-    python bench/rows.py [--out DIR] [--ops layernorm,softmax]     # on the GPU: table, JSON and PNG in --out
+    python -m bench.suite.rows --generate                  # with the compiler: bench/generated/rows/
+    python -m bench.suite.rows [--out DIR] [--ops layernorm_fp16,softmax]   # on the GPU: table, JSON and PNG
+    python -m bench.suite.rows --sweep [--ops ...]         # each module over a grid of block sizes, warps, stages
 
 Each system's forward is timed alone (median of triton.testing.do_bench) and reported in GB/s of the bytes the
 op must move (inputs read once, output written once), and every output is checked against float64 first: a
@@ -13,11 +14,9 @@ where a one-pass E[x^2] - E[x]^2 would lose its precision.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -25,8 +24,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-HERE = Path(__file__).resolve().parent
-GENERATED = HERE / "generated" / "rows"
+from bench import common
+
+GENERATED = common.GENERATED / "rows"
 EPS = 1e-5
 
 
@@ -115,17 +115,12 @@ def module_path(op: Op) -> Path:
 def generate() -> None:
     GENERATED.mkdir(parents=True, exist_ok=True)
     for op in {module_path(op): op for op in OPS.values()}.values():
-        cmd = ["neptune-eqsat", "optimize", str(HERE.parent / "specs" / f"{op.spec}.py"), "-o", str(module_path(op))]
+        cmd = ["neptune-eqsat", "optimize", str(common.SPECS / f"{op.spec}.py"), "-o", str(module_path(op))]
         subprocess.run(cmd + (["--dtype", op.dtype] if op.dtype else []), check=True)
 
 
 def load(path: Path):
-    name = f"neptune_rows_{path.stem}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return common.load_module(path, prefix="neptune_rows_")
 
 
 def systems(op: Op) -> dict[str, Callable]:
@@ -259,7 +254,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--generate", action="store_true", help="write the kernel modules (needs the compiler)")
     ap.add_argument("--ops", default=",".join(OPS))
-    ap.add_argument("--out", default=str(HERE / "results" / "rows"))
+    ap.add_argument("--out", default=None, help="default $OUT, else bench/results/<gpu>/<date>-rows")
     ap.add_argument("--sweep", action="store_true", help="time each module over a grid of its configs")
     for key, default in (("rows", "1,4,16"), ("loop", "512,1024,2048"), ("warps", "4,8"), ("stages", "1,3"),
                          ("inner", "32,64")):
@@ -270,11 +265,10 @@ def main() -> None:
     if args.generate:
         generate()
         return
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                         text=True).stdout.strip()
+    gpu = common.gpu_name()
     import triton
     info = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__)
-    out = Path(args.out)
+    out = Path(args.out) if args.out else common.default_out("rows")
     out.mkdir(parents=True, exist_ok=True)
     if args.sweep:
         (out / "sweep.json").write_text(json.dumps(dict(info=info, ops=sweep(args.ops.split(","), {k: [int(v) for v in getattr(args, f"sweep_{k}").split(",")]

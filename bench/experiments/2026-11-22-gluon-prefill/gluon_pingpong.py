@@ -15,7 +15,8 @@ Both consumers read the same K/V stage; a stage is refilled when both have relea
     OVERLAP      within a consumer, the next block's scores are issued together with this block's weighted
                  sum, and the softmax of the next block runs while the weighted sum is in flight
 
-    python bench/gluon_pingpong.py [--seqs 1024,4096,16384] [--rounds 3]
+    PYTHONPATH=. python bench/experiments/2026-11-22-gluon-prefill/gluon_pingpong.py
+        [--seqs 1024,4096,16384] [--rounds 3]
 
 Shapes are multiples of 128 (the point is speed). Each output is compared with SDPA's math backend in float32
 before it is timed. Imports only torch and triton.

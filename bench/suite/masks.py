@@ -1,6 +1,6 @@
 """Masks people write, through neptune_eqsat.flex_attention against torch's FlexAttention.
 
-    python bench/masks.py [--seqs 4096,16384] [--dtypes f16,bf16] [--masks NAME,...] [--heads 32] [--out DIR]
+    python -m bench.suite.masks [--seqs 4096,16384] [--dtypes f16,bf16] [--masks NAME,...] [--heads 32] [--out DIR]
 
 For each mask (a mask_mod, sometimes with a score_mod or GQA), prefill at B = 1, D = 128, and decoding (1 and 4
 queries at the last positions, GQA 32/8) with the document mask:
@@ -12,23 +12,21 @@ queries at the last positions, GQA 32/8) with the document mask:
 - `flex_flash`: FlexAttention's FlashAttention-4 backend (kernel_options={"BACKEND": "FLASH"}), where installed.
 Every output is checked against float64 attention on a sample of rows and heads. Needs a CUDA GPU and the
 compiler (egglog) beside torch and triton. Writes masks.json, masks.md and masks.png (where matplotlib
-imports) to --out (default $OUT or bench/results).
+imports) to --out (default $OUT, else bench/results/<gpu>/<date>-masks).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+from bench import common
+
+common.import_package()   # neptune_eqsat from this checkout
 D = 128
 CHECK_ROWS = 256
 
@@ -191,14 +189,6 @@ SYSTEMS = {"neptune": neptune_call, "neptune_new_data": neptune_new_data_call, "
            "flex_flash": lambda *a: flex_call(*a, backend="FLASH")}
 
 
-def gpu_name():
-    try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=30).stdout.strip().splitlines()[0]
-    except Exception:
-        return torch.cuda.get_device_name()
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqs", default="4096,16384")
@@ -207,7 +197,7 @@ def main():
     ap.add_argument("--systems", default="neptune,neptune_new_data,flex,flex_per_call,flex_flash")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--rep", type=int, default=200, help="timing: ms of repetitions (triton do_bench)")
-    ap.add_argument("--out", default=os.environ.get("OUT", str(HERE / "results")))
+    ap.add_argument("--out", default=None, help="default $OUT, else bench/results/<gpu>/<date>-masks")
     ap.add_argument("--replot", default="", help="only draw masks.png from DIR/masks.json")
     a = ap.parse_args()
     if a.replot:
@@ -217,11 +207,11 @@ def main():
     import triton.testing
     torch._dynamo.config.recompile_limit = 1 << 16   # one FlexAttention compile per mask and shape, all kept
     torch._dynamo.config.accumulated_recompile_limit = 1 << 16
-    out_dir = Path(a.out)
+    out_dir = Path(a.out) if a.out else common.default_out("masks")
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     device = "cuda"
-    name = gpu_name()
+    name = common.gpu_name()
     for dt in a.dtypes.split(","):
         dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dt]
         for S in map(int, a.seqs.split(",")):

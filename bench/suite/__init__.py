@@ -1,0 +1,1 @@
+"""The maintained benchmarks: run each from the repository root as `python -m bench.suite.<name>`."""
