@@ -11,9 +11,9 @@ from __future__ import annotations
 import textwrap
 
 from neptune_eqsat import ir
-from neptune_eqsat.autodiff import Backward
+from neptune_eqsat.plan.autodiff import Backward
 from neptune_eqsat.ir import Term
-from neptune_eqsat.spec import Spec, SpecError
+from neptune_eqsat.frontend.spec import Spec, SpecError
 
 TORCH_DTYPE = {"f16": "torch.float16", "bf16": "torch.bfloat16", "f32": "torch.float32", "f64": "torch.float64"}
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=",

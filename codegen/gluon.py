@@ -24,11 +24,15 @@ from __future__ import annotations
 import re
 import textwrap
 
-from neptune_eqsat import ir, ops
+from neptune_eqsat import ir
+from neptune_eqsat.ir import ops
 from neptune_eqsat.ir import Term
-from neptune_eqsat.schedule import Schedule
+from neptune_eqsat.plan.schedule import Schedule
 
-from .kernel import IDENTITY_CODE, Context, KernelWriter, Val, grid_sizes, jit_decorator
+from .blocks import table_predicate
+from .loops import grid_index_lines, mask_bounds, pass_bounds
+from .kernel import KernelWriter, grid_sizes, jit_decorator
+from .values import IDENTITY_CODE, Context, Val
 
 ROWS = 64                  # rows per consumer warpgroup: one m64 warpgroup product per block
 CONSUMERS = 2
@@ -228,8 +232,6 @@ def tile_lines(row_blocks: str, grid_tiles: str, tiles: str, ordered: bool) -> l
 
 def gluon_source(sched: Schedule, name: str) -> tuple[str, GluonWriter]:
     """The Gluon kernel `{name}_gluon_kernel` of a qualifying schedule (raises NotEligible)."""
-    from .module import _bounds, _pass_bounds, grid_index_lines   # shared with the Triton kernels
-    from .blocks import table_predicate
 
     _check_shape(sched)
     if sched.chunked:
@@ -237,7 +239,7 @@ def gluon_source(sched: Schedule, name: str) -> tuple[str, GluonWriter]:
     w = GluonWriter(sched, name)
     row, loop, col = sched.row, sched.loop, sched.col
     inner = sched.inner[0]
-    grows = _bounds(w, sched.reductions)
+    grows = mask_bounds(w, sched.reductions)
     # program p runs tiles p, p + programs, ...: one tile each where the launcher starts a program per tile, or
     # as many as fit on the GPU at once (persistent: a tile's first blocks load while the last one finishes)
     row_blocks = f"gl.cdiv({w.ext(row)}, BLOCK_I)"
@@ -267,7 +269,7 @@ def gluon_source(sched: Schedule, name: str) -> tuple[str, GluonWriter]:
                              if f"{w.state[r].code}_prev" in used]
     if set(w.operands) != {"a", "b", "v"}:
         raise NotEligible("the matrix products do not read two inputs per block and one once")
-    bounds = [gluonize(x) for x in _pass_bounds(w, 0, reds)]
+    bounds = [gluonize(x) for x in pass_bounds(w, 0, reds)]
     if w.blocks["pre0"]:
         raise NotEligible("values computed between passes")
 

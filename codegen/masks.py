@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from neptune_eqsat import ir, ops
+from neptune_eqsat import ir
+from neptune_eqsat.ir import ops
 from neptune_eqsat.ir import Term
 
 INDEX_OPS = ("axis", "dim", "const")

@@ -9,6 +9,6 @@ __all__ = ["flex_attention"]
 
 def __getattr__(name: str):
     if name == "flex_attention":
-        from .flex import flex_attention
+        from neptune_eqsat.flex import flex_attention
         return flex_attention
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,7 @@
-"""neptune-eqsat: optimize a spec into a fused Triton kernel module, check it, and inspect the rules."""
+"""neptune-eqsat: optimize a spec into a fused Triton kernel module, check it, and inspect the rules.
+
+Each command imports the stages it runs when it runs, so that `--help` and the light commands start without
+loading egglog, torch or triton (the one place the package imports inside functions)."""
 from __future__ import annotations
 
 import os
@@ -8,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from .spec import SpecError
+from neptune_eqsat.frontend.spec import SpecError
 
 
 def _sizes(text: str | None) -> dict[str, int]:
@@ -41,7 +44,7 @@ def _spec_sizes(spec, sizes: dict[str, int], every: bool) -> dict[str, int]:
 
 
 def _load(spec_file: str, dtype: str | None = None):
-    from .spec import load_spec
+    from neptune_eqsat.frontend.spec import load_spec
     try:
         spec = load_spec(spec_file)
         return spec.retyped(dtype) if dtype else spec
@@ -70,7 +73,7 @@ DEVICE_HELP = ("Device to price plans for and whose measured plan times to use (
 
 
 def _device(text: str | None):
-    from .cost import parse_device
+    from neptune_eqsat.plan.cost import parse_device
 
     try:
         return parse_device(text) if text else None
@@ -102,8 +105,8 @@ def optimize(spec_file: str, output: str | None, explain: bool, shape: str | Non
              max_seconds: float, dtype: str | None, device_text: str | None, plan: str | None,
              backward: bool) -> None:
     """Optimize SPEC_FILE and write the fused kernel module."""
-    from .compiler import PlanError, optimize as run
-    from .saturate import Limits
+    from neptune_eqsat.compiler import PlanError, optimize as run
+    from neptune_eqsat.plan.saturate import Limits
 
     spec = _load(spec_file, dtype)
     sizes = _spec_sizes(spec, _sizes(shape), every=False)
@@ -125,9 +128,9 @@ def optimize(spec_file: str, output: str | None, explain: bool, shape: str | Non
 
 def _with_backward(result, sizes: dict[str, int], limits, explain: bool) -> str:
     """The forward module's source with the derived backward's kernels beside it (codegen/backward_module.py)."""
-    from .autodiff import differentiate
-    from .codegen.backward_module import module_source
-    from .compiler import optimize as run
+    from neptune_eqsat.plan.autodiff import differentiate
+    from neptune_eqsat.codegen.backward_module import module_source
+    from neptune_eqsat.compiler import optimize as run
 
     try:
         bw = differentiate(result.spec)
@@ -156,9 +159,9 @@ def tune(spec_file: str, shape: str, output: str | None, budget: float, plan: st
     the stored times and use the stored config."""
     if not _has_gpu():
         raise click.ClickException("tuning measures kernels on a GPU, and this machine has none")
-    from .compiler import PlanError, optimize as run
-    from .runtime import load_module
-    from .tune import db_path, random_inputs_for, tune_module
+    from neptune_eqsat.compiler import PlanError, optimize as run
+    from neptune_eqsat.runtime.loader import load_module
+    from neptune_eqsat.tune.database import db_path, random_inputs_for, tune_module
 
     sizes = _spec_sizes(_load(spec_file), _sizes(shape), every=False)
     try:
@@ -185,7 +188,7 @@ def calibrate(out: str | None) -> None:
     overhead) and store them as its device profile, which pricing then uses for this GPU."""
     if not _has_gpu():
         raise click.ClickException("calibration measures the GPU, and this machine has none")
-    from .calibrate import calibrate as run
+    from neptune_eqsat.tune.calibrate import calibrate as run
 
     click.echo(run(out))
 
@@ -199,9 +202,9 @@ def check(spec_file: str, shape: str, seed: int) -> None:
     on_gpu = _has_gpu()
     if not on_gpu:
         os.environ["TRITON_INTERPRET"] = "1"
-    from .compiler import optimize as run
-    from .runtime import load_module
-    from .reference import evaluate, random_inputs, tolerance
+    from neptune_eqsat.compiler import optimize as run
+    from neptune_eqsat.runtime.loader import load_module
+    from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
 
     sizes = _spec_sizes(_load(spec_file), _sizes(shape), every=True)
     try:
@@ -235,7 +238,7 @@ def rules() -> None:
 @rules.command("list")
 def rules_list() -> None:
     """Name, family and meaning of every rule; rules whose proof fails are marked refused."""
-    from .rules import ALL_RULES
+    from neptune_eqsat.rules import ALL_RULES
 
     for r in ALL_RULES:
         status = "" if r.proof[1] else "  [refused: obligation not proved]"
@@ -243,7 +246,7 @@ def rules_list() -> None:
 
 
 def _select(names: tuple[str, ...]):
-    from .rules import ALL_RULES
+    from neptune_eqsat.rules import ALL_RULES
 
     unknown = set(names) - {r.name for r in ALL_RULES}
     if unknown:
@@ -258,7 +261,7 @@ def rules_check(names: tuple[str, ...], examples: int) -> None:
     """Prove each rule with sympy and test it on random values with hypothesis (all rules by default).
 
     A rule whose proof fails is refused (it never fires); a proved rule that fails numerically is an error."""
-    from .verdicts import reproving
+    from neptune_eqsat.proof.verdicts import reproving
 
     failed = False
     for r in _select(names):

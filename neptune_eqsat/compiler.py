@@ -5,12 +5,15 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import ir
-from .cost import Device
-from .extract import Candidate, candidates
-from .saturate import Limits, Saturation, saturate
-from .spec import Spec, SpecError, load_spec
-from .tune import config_for, configs_by_gpu, db_path, key_prefix, measured_plans, plan_times
+from neptune_eqsat import ir
+from neptune_eqsat.codegen.gluon import eligible
+from neptune_eqsat.codegen.module import module_source
+from neptune_eqsat.plan.cost import Device
+from neptune_eqsat.plan.extract import Candidate, candidates
+from neptune_eqsat.plan.saturate import Limits, Saturation, saturate
+from neptune_eqsat.frontend.spec import Spec, SpecError, load_spec
+from neptune_eqsat.rules import ALL_RULES
+from neptune_eqsat.tune.database import config_for, configs_by_gpu, db_path, key_prefix, measured_plans, plan_times
 
 
 class PlanError(ValueError):
@@ -25,7 +28,7 @@ class Result:
     source: str
     tuned: dict | None = None   # a measured config from the tuning database, baked into the module
     device: Device = field(default_factory=Device)
-    measured: dict[str, dict] = field(default_factory=dict)   # family -> tuning-database record (tune.py)
+    measured: dict[str, dict] = field(default_factory=dict)   # family -> tuning-database record (tune/database.py)
     measured_under: str = ""   # the tuning-database key prefix (spec|shape bucket|GPU|) measurements came from
     forced: str | None = None   # the plan family asked for with --plan
 
@@ -34,7 +37,6 @@ class Result:
         return self.candidates[0]
 
     def explain(self) -> str:
-        from .rules import ALL_RULES
         sat = self.saturation
         by_name = {r.name: r for r in ALL_RULES}
         lines = [f"spec {self.spec.name}: {ir.show(self.spec.output_term)}", "",
@@ -82,7 +84,6 @@ class Result:
                 lines.append(f"not rolled: {ir.show(r)[:100]} waits for {ir.show(waits[0])[:60]}: no rolling rewrite "
                              f"applied (its body has no form u op x with x read only from finished reductions over "
                              f"{r.attrs[1]} and u from none, or the repair for that op is refused above)")
-        from .codegen.gluon import eligible
         no_gluon = eligible(c.sched)
         lines.append("kernels: Triton, and a warp-specialized Gluon kernel for Hopper GPUs (BACKEND)" if no_gluon is None
                      else f"kernels: Triton only; no warp-specialized Gluon kernel: {no_gluon}")
@@ -130,8 +131,6 @@ def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, devic
     """Compile a spec. Plans are ranked by the times measured on `device` (the tuning database, under its GPU
     name) where there are any, else by the analytic cost; `plan` forces a family (PlanError if none); `dtype`
     retypes the spec's 16-bit inputs, casts and output (Spec.retyped)."""
-    from .codegen.module import module_source
-
     if not isinstance(spec, Spec):
         spec_file = spec_file or str(spec)
         spec = load_spec(spec)
@@ -152,10 +151,8 @@ def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, devic
     if plan is not None:
         cands = _force(cands, plan, spec.name)
     best = cands[0]
-    plan_text = "\n".join([f"{best.family}: {best.sched.passes} pass(es) over {best.sched.loop}"] +
-                           ir.show_lets(best.term))
     tuned = config_for(measured, best.family)
-    src = module_source(best.sched, module_name(spec), plan_text, spec_file or "SPEC.py", out_file or "OUT.py",
+    src = module_source(best.plan, module_name(spec), spec_file or "SPEC.py", out_file or "OUT.py",
                         tuned, configs_by_gpu(spec.name, best.family), device.name)
     return Result(spec, sat, cands, src, tuned, device, measured, key_prefix(spec.name, sizes, device.name), plan)
 

@@ -1,228 +1,39 @@
-"""A FlexAttention-compatible front end: score_mod / mask_mod callables traced into a spec, optimized through the
-e-graph, compiled once and cached.
+"""The FlexAttention-compatible API: score_mod / mask_mod callables traced into a spec (frontend/flex_trace.py),
+optimized through the e-graph, compiled once and cached, run as one torch operator (with its backward).
 
     from neptune_eqsat import flex_attention
     out = flex_attention(q, k, v, score_mod=lambda s, b, h, qi, ki: s + bias[h], mask_mod=causal)
-
-The callables run once on symbolic values: `score` is the scaled dot product, `b, h, q_idx, kv_idx` are the
-batch, query-head, query and key indices (0-based positions in the query and key tensors, as in
-FlexAttention). Tensors they capture and index (`bias[h]`, `doc_id[q_idx]`) become inputs of the kernel, so new
-values do not recompile. The resulting spec is the plain attention math with the score modified and masked
-elements at -inf; the compiler finds the fused plan (rolled for prefill, split-K for decode).
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import hashlib
 import itertools
 import math
-import os
-import sys
-import tempfile
-import threading
 import warnings
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
 
 import torch
 
-from . import aten_trace, bounds, ir, spec as S
-from .spec import Spec, SpecError
+from neptune_eqsat.compiled import cache_dir, compiled_module, compiler_fingerprint, run_kernels
+from neptune_eqsat.frontend import bounds
+from neptune_eqsat.frontend.flex_trace import DTYPES, Problem, TraceError, index_text, problem_text, reads, trace
+from neptune_eqsat.frontend.spec import Spec
+from neptune_eqsat.training import CompiledBackward
 
-if "triton" not in sys.modules and "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    # no GPU: Triton can only interpret here, and it fixes that choice when it is first imported
-    os.environ["TRITON_INTERPRET"] = "1"
-
-DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
 DECODE_ROWS = 16   # query lengths up to this are priced as decode (split-K), longer ones as prefill
 
 
-class TraceError(SpecError):
-    """A score_mod / mask_mod that cannot be traced; names the callable, the line and the construct."""
-
-
-@dataclass
-class _Trace:
-    spec: Spec
-    fn_name: str = ""
-    captures: list[torch.Tensor] = field(default_factory=list)
-
-    def capture(self, t: torch.Tensor, index: tuple) -> S.Expr:
-        """A captured tensor read at `index` (spec expressions; `+ 0` on each, see below)."""
-        for k, c in enumerate(self.captures):
-            if c is t:
-                name = f"capture{k}"
-                break
-        else:
-            name = f"capture{len(self.captures)}"
-            self.captures.append(t)
-        if t.dim() != len(index):
-            raise self.error(f"indexes captured tensor of shape {tuple(t.shape)} with {len(index)} indices")
-        if name not in self.spec.inputs:   # its shape is part of the kernel (a new shape compiles a new one)
-            self.spec.input(name, DTYPES.get(t.dtype, "f32"), *(int(n) for n in t.shape),
-                            source=f"the tensor of shape {tuple(t.shape)} that {self.fn_name} captures")
-        tensor = self.spec.inputs[name]
-        # indices come as `i + 0`: an index may be an axis whose extent is a run-time size, and the tensor's
-        # extent is fixed, so it is read at a computed index (checked at run time, bounds.py)
-        return tensor[tuple(index)] if index else S.Expr(ir.load(name))
-
-    def error(self, what: str, line: str = "") -> TraceError:
-        return TraceError(f"{self.fn_name}{' (' + line + ')' if line else ''}: {what}")
-
-
-def _call(tr: _Trace, fn, args: list[S.Expr], dtypes: list[torch.dtype]):
-    """fn traced by torch and translated into a spec expression (aten_trace.py)."""
-    tr.fn_name = getattr(fn, "__qualname__", None) or getattr(getattr(fn, "func", None), "__qualname__", repr(fn))
-    return aten_trace.trace(fn, args, tr.capture, dtypes, tr.error)
-
-
-@dataclass(frozen=True)
-class Problem:
-    """What a compiled kernel depends on (not the sequence lengths)."""
-    dtype: str
-    heads: int
-    kv_heads: int
-    head_dim: int
-    value_dim: int
-    scale: float
-    decode: bool = False
-    lse: bool = False   # the output is the row logsumexp of the scores (return_lse), not the weighted values
-
-
-def trace(score_mod, mask_mod, problem: Problem) -> tuple[Spec, list[torch.Tensor]]:
-    """The attention spec with the callables traced in, and the tensors they capture (kernel inputs)."""
-    p = problem
-    spec = Spec("flex")
-    B, L, Skv = spec.dims(B=1, L=1 if p.decode else 4096, S=32768 if p.decode else 4096)
-    b, h, i, j, d, e = spec.axes(b=B, h=p.heads, i=L, j=Skv, d=p.head_dim, e=p.value_dim)
-    q = spec.input("q", p.dtype, B, p.heads, L, p.head_dim)
-    k = spec.input("k", p.dtype, B, p.kv_heads, Skv, p.head_dim)
-    v = spec.input("v", p.dtype, B, p.kv_heads, Skv, p.value_dim)
-    hk = h // (p.heads // p.kv_heads) if p.heads != p.kv_heads else h
-    tr = _Trace(spec)
-    s = S.sum(d, q[b, h, i, d] * k[b, hk, j, d]) * p.scale
-    index = [torch.int32] * 4   # FlexAttention's index tensors
-    if score_mod is not None:
-        s = _call(tr, score_mod, [s, b, h, i, j], [torch.float32] + index)
-        if not isinstance(s, S.Expr):
-            s = S._wrap(float(s)) + 0 * S.sum(d, q[b, h, i, d] * k[b, hk, j, d])
-    if mask_mod is not None:
-        keep = _call(tr, mask_mod, [b, h, i, j], index)
-        if not isinstance(keep, S.Expr):
-            keep = bool(keep)
-        if keep is not True:
-            if keep is False:
-                keep = S._wrap(0.0) > 1.0
-            s = S.where(keep, s, -math.inf)
-    m = S.max(j, s)
-    p_ = S.exp(s - S.where(m == -math.inf, 0, m))
-    l_ = S.sum(j, p_)
-    if p.lse:   # natural logarithm, -inf where a row keeps no key (FlexAttention's return_lse)
-        spec.output("lse", "f32", S.where(l_ == 0, -math.inf, S.where(m == -math.inf, 0, m) + S.log(l_)), b, h, i)
-    else:
-        o = S.sum(j, S.cast(p_, p.dtype) * v[b, hk, j, e]) / S.where(l_ == 0, 1, l_)
-        spec.output("o", p.dtype, o, b, h, i, e)
-    spec.validate()
-    # one name per traced problem: the tuning database keys its measurements by spec name
-    spec.name = "flex_" + hashlib.sha256(_problem_text(spec, problem).encode()).hexdigest()[:12]
-    return spec, tr.captures
-
-
 # ---- compiled kernels, cached in memory and on disk -------------------------------------------------------------
-_MEMORY: dict[tuple, ModuleType] = {}
-_LOCK = threading.Lock()
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("NEPTUNE_EQSAT_CACHE", Path(tempfile.gettempdir()) / "neptune_eqsat_cache"))
-
-
-def _store(source: str, key: str) -> Path:
-    """The module's source in the disk cache, written atomically: processes sharing the cache see the old file
-    or the new one."""
-    folder = cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"flex_{key}.py"
-    if not path.exists() or path.read_text() != source:
-        tmp = folder / f".flex_{key}.{os.getpid()}.{threading.get_ident()}.tmp"
-        tmp.write_text(source)
-        tmp.replace(path)
-    return path
-
-
-def cached_source(key: str, spec: Spec, spec_file: str = "flex_attention") -> Path:
-    """The generated module of a traced spec in the disk cache, optimized now if it is not there yet; not
-    imported (a machine without a GPU can fill the cache for one with). `spec_file` names where the spec came
-    from in the module's header."""
-    path = cache_dir() / f"flex_{key}.py"
-    if not path.exists():
-        from .compiler import optimize
-        _store(optimize(spec, spec_file=spec_file, out_file=path.name).source, key)
-    return path
-
-
-def _load(source: str, key: str, interpret: bool) -> ModuleType:
-    """Import a generated module; kernels are interpreted (CPU tensors) when `interpret` is set."""
-    import importlib.util
-    path = _store(source, key)
-    name = f"neptune_flex_{key}_{'interpreted' if interpret else 'compiled'}"
-    with _triton_interpret(interpret):   # Triton decides interpreted or compiled when a kernel is defined
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    sys.modules[name] = module
-    return module
-
-
-@functools.lru_cache(maxsize=None)
-def _compiler_fingerprint() -> str:
-    """A hash of the compiler's own source: a cached kernel from another version of it is not reused."""
-    import importlib.util
-    here = Path(__file__).resolve().parent
-    folders = [here]
-    for sub in ("codegen", "rules"):   # installed as subpackages, or beside the package in a source tree
-        found = importlib.util.find_spec(f"neptune_eqsat.{sub}")
-        folders.append(Path(list(found.submodule_search_locations)[0]) if found else here.parent / sub)
-    h = hashlib.sha256()
-    for folder in folders:
-        for f in sorted(folder.glob("*.py")):
-            h.update(f.read_bytes())
-    return h.hexdigest()[:12]
-
-
 def plan_key(spec: Spec, problem: Problem) -> str:
     """The cache key: the traced expressions, the inputs' dtypes and shapes (as dims), the problem (dtype, head
     dims, GQA ratio, scale, decode or prefill), not the sequence lengths."""
-    text = f"{_compiler_fingerprint()}|{_problem_text(spec, problem)}"
+    text = f"{compiler_fingerprint()}|{problem_text(spec, problem)}"
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def _problem_text(spec: Spec, problem: Problem) -> str:
-    return f"{problem}|{ir.show(spec.output_term)}|" + "|".join(
-        f"{n}:{t.dtype}:{t.shape}" for n, t in spec.inputs.items())
-
-
-def compiled_module(key: str, spec: Spec, interpret: bool, spec_file: str = "flex_attention") -> ModuleType:
-    """The generated module for a traced spec: from memory, else from the disk cache, else optimized now."""
-    mod = _MEMORY.get((key, interpret))
-    if mod is not None:
-        return mod
-    with _LOCK:
-        mod = _MEMORY.get((key, interpret))
-        if mod is None:
-            source = cached_source(key, spec, spec_file).read_text()
-            mod = _MEMORY[(key, interpret)] = _load(source, key, interpret)
-    return mod
-
-
-# ---- the torch operator ---------------------------------------------------------------------------------------
-# A plan names traced callables and a problem; the operator runs its kernels. Under torch.compile the plan is
-# made while the model is traced (its name is a constant of the graph) and the operator is one opaque node.
 _CAPTURES: dict[str, list[torch.Tensor]] = {}
 _CALLABLES: dict[str, tuple] = {}   # plan -> (score_mod, mask_mod, scale, enable_gqa)
 _VARIANTS: dict[tuple, _Compiled] = {}   # (plan, problem, interpreted) -> module and its index checks
@@ -240,16 +51,6 @@ def run_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, captur
         captures = [_as_kernel_input(c, query.device) for c in captures]
     compiled.check_indices(query, key, captures)
     return run_kernels(query.device, lambda: compiled.module.forward(query, key, value, *captures))
-
-
-def run_kernels(device: torch.device, call):
-    """call(), which runs generated kernels: as it is on a GPU, under Triton's interpreter on the CPU (which
-    reads the setting while it runs, too)."""
-    if device.type != "cpu":
-        return call()
-    _check_interpreter()
-    with _triton_interpret(True):
-        return call()
 
 
 _CONVERTED: dict[int, tuple] = {}   # id of a captured tensor -> (weak ref, version, device, converted tensor)
@@ -285,7 +86,6 @@ class _Compiled:
 
     def backward(self, wrt: tuple[str, ...]):
         if wrt not in self.backwards:
-            from .training import CompiledBackward
             self.backwards[wrt] = CompiledBackward(self.spec, wrt)
         return self.backwards[wrt]
 
@@ -304,23 +104,9 @@ class _Compiled:
             if bad is not None:
                 lo, hi, n = bad
                 raise IndexError(f"{self.spec.inputs[check.tensor].source} is indexed out of range: index "
-                                 f"{_index_text(check.index)} in dimension {check.position} (size {n}) takes "
+                                 f"{index_text(check.index)} in dimension {check.position} (size {n}) takes "
                                  f"values {lo:g} to {hi:g} (query length {lengths[1]}, key length {lengths[2]})")
         self.lengths_checked.add(lengths)
-
-
-_FLEX_NAMES = {"b": "b", "h": "h", "i": "q_idx", "j": "kv_idx"}
-
-
-def _index_text(t: ir.Term) -> str:
-    """An index in the callables' own names (q_idx, kv_idx), without the tracer's `+ 0`."""
-    def clean(x: ir.Term) -> ir.Term:
-        if x.op == "axis":
-            return ir.axis(_FLEX_NAMES.get(x.attrs[0], x.attrs[0]))
-        if x.op == "bin" and x.attrs[0] == "add" and x.args[1] == ir.const(0):
-            return clean(x.args[0])
-        return ir.Term(x.op, x.attrs, tuple(clean(a) for a in x.args)) if x.args else x
-    return ir.show(clean(t))
 
 
 def _module_for(plan: str, query, key, value) -> _Compiled:
@@ -400,70 +186,6 @@ def _(query, key, value, captures, plan):
     if plan.endswith(":lse"):
         return query.new_empty(*query.shape[:3], dtype=torch.float32)
     return query.new_empty(*query.shape[:3], value.shape[-1])
-
-
-_VALUES = (int, float, bool, complex, str, bytes, type(None))
-_OPAQUE = (ModuleType, type, torch.dtype, torch.device)
-
-
-def reads(fn) -> tuple:
-    """What a callable reads besides its arguments and could change between calls: Python numbers and strings
-    by value, tensors by identity, found in its closure, the globals and attributes it names, its defaults, and
-    the same of the functions it reaches through them (helpers, and_masks' list of masks). The trace bakes
-    numbers into the kernel and binds tensors as inputs, so a call whose reads differ is traced again."""
-    out: list = []
-    _reads_of(fn, out, set(), frozenset(), 0)
-    return tuple(out)
-
-
-def _code_names(code) -> frozenset:
-    names = set(code.co_names)
-    for c in code.co_consts:
-        if hasattr(c, "co_names"):   # a nested function or lambda: what it names is read when it runs
-            names |= _code_names(c)
-    return frozenset(names)
-
-
-def _reads_of(v, out: list, seen: set, names: frozenset, depth: int) -> None:
-    if isinstance(v, _VALUES):
-        out.append(repr(v))
-        return
-    if isinstance(v, torch.Tensor):
-        out.append(("tensor", id(v)))
-        return
-    if depth > 6 or id(v) in seen or isinstance(v, _OPAQUE):
-        return
-    seen.add(id(v))
-    if isinstance(v, functools.partial):
-        parts = [v.func, *v.args, *v.keywords.values()]
-    elif isinstance(v, (list, tuple, set, frozenset)):
-        parts = list(v)[:64]
-    elif isinstance(v, dict):
-        parts = list(v.values())[:64]
-    elif hasattr(v, "__func__") and hasattr(v, "__self__"):   # a bound method
-        parts = [v.__func__, v.__self__]
-    elif hasattr(v, "__code__") and hasattr(v, "__globals__"):   # a Python function
-        names = _code_names(v.__code__)
-        cells = [c.cell_contents for c in v.__closure__ or () if _filled(c)]
-        parts = cells + [v.__globals__[n] for n in sorted(names) if n in v.__globals__]
-        parts += list(v.__defaults__ or ()) + list((v.__kwdefaults__ or {}).values())
-    elif callable(v) and not hasattr(v, "__dict__"):   # a builtin
-        return
-    else:   # an object: the attributes of it that the code names (self.scale, cfg.window)
-        parts = [getattr(v, n) for n in sorted(names) if n in getattr(v, "__dict__", {})]
-        call = getattr(type(v), "__call__", None)
-        if call is not None and hasattr(call, "__code__"):
-            parts.append(call)
-    for p in parts:
-        _reads_of(p, out, seen, names, depth + 1)
-
-
-def _filled(cell) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:   # a cell not yet assigned
-        return False
-    return True
 
 
 def _ref(fn):
@@ -569,29 +291,6 @@ def _problem(query, key, value, scale, enable_gqa, lse=False) -> Problem:
     d = query.shape[-1]
     return Problem(DTYPES[query.dtype], hq, hkv, d, value.shape[-1], scale if scale is not None else 1.0 / math.sqrt(d),
                    query.shape[2] <= DECODE_ROWS, lse)
-
-
-def _check_interpreter() -> None:
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-    if not isinstance(tl.standard.max, InterpretedFunction):
-        raise RuntimeError("CPU tensors run the kernels under Triton's interpreter, which Triton enables only when "
-                           "TRITON_INTERPRET=1 is set before it is first imported; set it before importing torch "
-                           "or triton")
-
-
-@contextlib.contextmanager
-def _triton_interpret(on: bool):
-    """TRITON_INTERPRET set to `on` for the duration, then restored."""
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
 
 
 __all__ = ["flex_attention", "trace", "Problem", "TraceError", "cache_dir"]

@@ -15,17 +15,17 @@ from types import ModuleType
 
 import torch
 
-from . import ir
-from .autodiff import Backward, GradPart, differentiate
-from .reference import Evaluator, _align, bind_sizes
-from .spec import Spec
+from neptune_eqsat import ir
+from neptune_eqsat.compiled import compiled_module, compiler_fingerprint, run_kernels
+from neptune_eqsat.plan.autodiff import Backward, GradPart, differentiate
+from neptune_eqsat.frontend.reference import Evaluator, _align, bind_sizes
+from neptune_eqsat.frontend.spec import Spec
 
 TORCH = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
 
 
 def spec_key(spec: Spec) -> str:
-    from .flex import _compiler_fingerprint
-    text = "|".join([_compiler_fingerprint(), spec.name, ir.show(spec.output_term), ",".join(spec.output_axes),
+    text = "|".join([compiler_fingerprint(), spec.name, ir.show(spec.output_term), ",".join(spec.output_axes),
                      spec.output_dtype or "", *(f"{n}:{t.dtype}:{t.shape}" for n, t in spec.inputs.items()),
                      *(f"{a}:{e}" for a, e in spec.axes_.items())])
     return hashlib.sha256(text.encode()).hexdigest()[:20]
@@ -34,13 +34,11 @@ def spec_key(spec: Spec) -> str:
 def module_for(spec: Spec, interpret: bool) -> ModuleType:
     """The generated module of `spec`: from memory, else the disk cache, else optimized now (the FlexAttention
     front end's cache, keyed by the spec itself)."""
-    from .flex import compiled_module
     return compiled_module(spec_key(spec), spec, interpret, spec_file=spec.name)
 
 
 def run_spec(spec: Spec, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
     """Run `spec`'s kernel on the named tensors (each converted to the dtype the spec declares)."""
-    from .flex import run_kernels
     device = next(iter(tensors.values())).device
     args = [tensors[n].to(TORCH[t.dtype]).contiguous() for n, t in spec.inputs.items()]
     mod = module_for(spec, device.type == "cpu")

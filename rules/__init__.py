@@ -1,5 +1,5 @@
 """Rewrite rules, one family per module. Each rule carries its proof obligation; only proved rules run."""
-from neptune_eqsat.rulebook import make_ruleset
+from neptune_eqsat.proof.rulebook import make_ruleset
 
 from .algebra import RULES as ALGEBRA, algebra
 from .analysis import analysis

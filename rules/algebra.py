@@ -5,9 +5,9 @@ Each rule is proved by sympy before it joins the ruleset (casts only round, so t
 import sympy as sp
 from egglog import String, f64, ne, rule, union, var
 
-from neptune_eqsat.eterm import AxisSet, ETerm, deps
-from neptune_eqsat.proof import SymOps, proves
-from neptune_eqsat.rulebook import Rule, identity, make_ruleset
+from neptune_eqsat.ir.eterm import AxisSet, ETerm, deps
+from neptune_eqsat.proof.symbolic import SymOps, proves
+from neptune_eqsat.proof.rulebook import Rule, identity, make_ruleset
 
 F = "algebra"
 

@@ -4,7 +4,7 @@ They add no e-nodes; they are run to a fixpoint before every rewriting step.
 """
 from egglog import String, eq, f64, i64, rule, ruleset, set_, var
 
-from neptune_eqsat.eterm import AxisSet, ETerm, deps, extent, free, nonpositive, whole_count
+from neptune_eqsat.ir.eterm import AxisSet, ETerm, deps, extent, free, nonpositive, whole_count
 
 analysis = ruleset(name="analysis")
 RULES: list = []  # no rewrites: nothing to prove

@@ -21,11 +21,11 @@ from functools import lru_cache
 import sympy as sp
 from egglog import String, rule, union, var
 
-from neptune_eqsat.eterm import ETerm, deps, free
-from neptune_eqsat.rulebook import EggOps, NumOps, Rule, ShowOps, close
+from neptune_eqsat.ir.eterm import ETerm, deps, free
+from neptune_eqsat.proof.rulebook import EggOps, NumOps, Rule, ShowOps, close
 
 from .splitk import CHUNKS
-from neptune_eqsat.proof import SymOps, proves
+from neptune_eqsat.proof.symbolic import SymOps, proves
 
 U, X = sp.symbols("u x", real=True)
 

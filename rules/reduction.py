@@ -9,9 +9,9 @@ import functools
 import sympy as sp
 from egglog import String, eq, rule, union, var
 
-from neptune_eqsat.eterm import ETerm, extent, free
-from neptune_eqsat.proof import IDENTITY, REDUCER_OPS, SymOps, proves, simplifies_to
-from neptune_eqsat.rulebook import NumOps, Rule, close, make_ruleset
+from neptune_eqsat.ir.eterm import ETerm, extent, free
+from neptune_eqsat.proof.symbolic import IDENTITY, REDUCER_OPS, SymOps, proves, simplifies_to
+from neptune_eqsat.proof.rulebook import NumOps, Rule, close, make_ruleset
 
 OPS = ("add", "sub", "mul", "div")
 

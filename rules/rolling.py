@@ -11,9 +11,9 @@ the identity whatever the factor says (proved), so an overflowing factor must no
 import sympy as sp
 from egglog import String, rule, union, var
 
-from neptune_eqsat.eterm import ETerm, deps, free
-from neptune_eqsat.proof import REDUCER_OPS, RP, R, T, derive_repair
-from neptune_eqsat.rulebook import NumOps, Rule, close
+from neptune_eqsat.ir.eterm import ETerm, deps, free
+from neptune_eqsat.proof.symbolic import REDUCER_OPS, RP, R, T, derive_repair
+from neptune_eqsat.proof.rulebook import NumOps, Rule, close
 
 COMBINERS = ("add", "sub", "mul", "div")
 

@@ -12,9 +12,9 @@ import math
 import sympy as sp
 from egglog import String, f64, rule, union, var
 
-from neptune_eqsat.eterm import ETerm
-from neptune_eqsat.proof import SymOps, proves
-from neptune_eqsat.rulebook import EggOps, Rule, evaluate_both, make_ruleset
+from neptune_eqsat.ir.eterm import ETerm
+from neptune_eqsat.proof.symbolic import SymOps, proves
+from neptune_eqsat.proof.rulebook import EggOps, Rule, evaluate_both, make_ruleset
 
 F = "scalar"
 LOG2E = 1.0 / math.log(2.0)

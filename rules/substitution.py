@@ -5,8 +5,8 @@ the previous partial value itself) and vanishes on values that use no reduction 
 """
 from egglog import String, rule, union, var
 
-from neptune_eqsat.eterm import ETerm, deps
-from neptune_eqsat.rulebook import Rule, make_ruleset
+from neptune_eqsat.ir.eterm import ETerm, deps
+from neptune_eqsat.proof.rulebook import Rule, make_ruleset
 
 a, b, c, m = (var(n, ETerm) for n in ("a", "b", "c", "matched"))
 j, k, s = (var(n, String) for n in ("j", "k", "s"))

@@ -17,8 +17,8 @@ import torch  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 from neptune_eqsat.compiler import optimize  # noqa: E402
-from neptune_eqsat.reference import evaluate, random_inputs, tolerance  # noqa: E402
-from neptune_eqsat.runtime import load_module  # noqa: E402
+from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance  # noqa: E402
+from neptune_eqsat.runtime.loader import load_module  # noqa: E402
 from neptune_eqsat.spec import load_spec  # noqa: E402
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"

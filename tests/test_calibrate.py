@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from neptune_eqsat import calibrate, profiles
-from neptune_eqsat.cost import NOMINAL, PRESETS, Device, parse_device
+from neptune_eqsat.tune import calibrate
+from neptune_eqsat.tune import profiles
+from neptune_eqsat.plan.cost import NOMINAL, PRESETS, Device, parse_device
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -165,8 +166,8 @@ def test_detect_uses_the_profile_of_the_gpu_present(monkeypatch):
 
 def test_calibration_imports_no_compiler():
     code = ("import sys; sys.modules['egglog'] = None; sys.modules['click'] = None\n"
-            "import neptune_eqsat.calibrate, neptune_eqsat.tune\n"
+            "import neptune_eqsat.tune.calibrate, neptune_eqsat.tune.database\n"
             "print(sorted(m for m in sys.modules if m.startswith('neptune_eqsat.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert "neptune_eqsat.calibrate" in out
-    assert not {"neptune_eqsat.compiler", "neptune_eqsat.extract", "neptune_eqsat.saturate"} & set(eval(out))
+    assert "neptune_eqsat.tune.calibrate" in out
+    assert not {"neptune_eqsat.compiler", "neptune_eqsat.plan.extract", "neptune_eqsat.plan.saturate"} & set(eval(out))

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 import neptune_eqsat.rules as rules_pkg
 from neptune_eqsat.cli import main
-from neptune_eqsat.rulebook import Rule, evaluate_both, identity
+from neptune_eqsat.proof.rulebook import Rule, evaluate_both, identity
 
 from conftest import SPECS, compiled
 
@@ -97,7 +97,7 @@ def test_optimize_reads_the_measurements_of_the_named_gpu(tmp_path, monkeypatch)
     names the tuning database."""
     import triton
 
-    from neptune_eqsat import tune
+    from neptune_eqsat.tune import database as tune
 
     monkeypatch.setenv("NEPTUNE_EQSAT_TUNING_DB", str(tmp_path / "tuning.json"))
     gpu, shape = "NVIDIA H100 80GB HBM3", {"B": 1, "Q": 1, "SKV": 32768}

@@ -10,8 +10,8 @@ import torch
 from conftest import SPECS, compiled
 from neptune_eqsat.compiler import optimize
 from neptune_eqsat.ir import walk
-from neptune_eqsat.reference import evaluate, random_inputs, tolerance
-from neptune_eqsat.runtime import load_module
+from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
+from neptune_eqsat.runtime.loader import load_module
 from neptune_eqsat.spec import load_spec
 
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from neptune_eqsat import flex_attention
+from neptune_eqsat import compiled, flex_attention
 from neptune_eqsat.flex import TraceError
 
 F16 = torch.float16
@@ -130,16 +130,15 @@ def test_common_variants(name):
 
 
 def test_new_captured_values_do_not_recompile():
-    from neptune_eqsat import flex
     q, k, v = inputs(1, 4, 4, 20, 20, 16, seed=4)
     bias = torch.randn(4)
     sm = lambda s, b, h, qi, ki: s + bias[h]   # noqa: E731
     check(q, k, v, sm, causal)
-    modules = len(flex._MEMORY)
+    modules = len(compiled._MEMORY)
     bias.copy_(torch.randn(4) * 3)
     check(q, k, v, sm, causal)
     check(q, k, v, lambda s, b, h, qi, ki: s + 2 * torch.ones(4)[h] + bias[h] * 0, causal)   # new callable, new plan
-    assert len(flex._MEMORY) == modules + 1
+    assert len(compiled._MEMORY) == modules + 1
 
 
 def test_odd_lengths_scale_and_value_dim():
@@ -195,11 +194,12 @@ def test_gqa_needs_enable_gqa():
 
 
 def test_compiled_kernels_are_reused_from_the_disk_cache(monkeypatch):
-    from neptune_eqsat import compiler, flex
+    from neptune_eqsat import compiler
+    from neptune_eqsat import flex
     q, k, v = inputs(1, 2, 2, 12, 12, 16, seed=8)
     mask = lambda b, h, qi, ki: qi + 3 >= ki   # noqa: E731
     first = check(q, k, v, None, mask)
-    flex._MEMORY.clear()
+    compiled._MEMORY.clear()
     flex._VARIANTS.clear()
     flex._BY_SHAPE.clear()
 
@@ -336,6 +336,6 @@ def test_the_cache_fills_without_importing_the_modules(tmp_path, monkeypatch):
     spec, _ = flex.trace(None, causal, problem)
     key = flex.plan_key(spec, problem)
     before = set(sys.modules)
-    path = flex.cached_source(key, spec)
+    path = compiled.cached_source(key, spec)
     assert path.parent == tmp_path and "def forward(" in path.read_text()
     assert not any(m.startswith("neptune_flex_") for m in set(sys.modules) - before)

@@ -11,6 +11,7 @@ from torch.nn.attention.flex_attention import and_masks, create_block_mask, or_m
 from torch.nn.attention.flex_attention import flex_attention as torch_flex
 
 from neptune_eqsat import flex_attention
+from neptune_eqsat.compiled import triton_interpret
 from neptune_eqsat.flex import TraceError
 
 DEVICE = os.environ.get("NEPTUNE_TEST_DEVICE", "cpu")   # cuda: the same corpus through the compiled kernels
@@ -233,7 +234,7 @@ def test_every_row_order_of_a_listed_mask_gives_the_same_attention(row_order):
     compiled = flex._module_for(flex._plan(mask_mod=mask_mod, score_mod=None, scale=None, enable_gqa=False), q, k, v)
     assert "ROW_ORDER" in compiled.module.CONFIG
     capture = flex._as_kernel_input(doc, q.device)
-    with flex._triton_interpret(q.device.type == "cpu"):
+    with triton_interpret(q.device.type == "cpu"):
         got = compiled.module.forward(q, k, v, capture, config={"ROW_ORDER": row_order}).cpu()
     assert (got.double() - want).abs().max() < 1e-4
 

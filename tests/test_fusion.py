@@ -7,10 +7,10 @@ import torch
 
 from neptune_eqsat import ir
 from neptune_eqsat.compiler import optimize
-from neptune_eqsat.extract import candidates
-from neptune_eqsat.cost import Device
-from neptune_eqsat.saturate import Limits, saturate
-from neptune_eqsat.schedule import schedule
+from neptune_eqsat.plan.extract import candidates
+from neptune_eqsat.plan.cost import Device
+from neptune_eqsat.plan.saturate import Limits, saturate
+from neptune_eqsat.plan.schedule import schedule
 from neptune_eqsat.spec import load_spec
 
 from conftest import SPECS, assert_close, compiled, spec_variant
@@ -63,9 +63,9 @@ def test_chain_nobody_wrote_repairs_with_t_r_over_r_prime(tmp_path):
     assert rolled.sched.passes == 1
 
     from neptune_eqsat.codegen.module import module_source
-    from neptune_eqsat.runtime import load_module
-    from neptune_eqsat.reference import evaluate, random_inputs
-    mod = load_module(module_source(rolled.sched, "mns_rolled", "rolled"), "mns_rolled")
+    from neptune_eqsat.runtime.loader import load_module
+    from neptune_eqsat.frontend.reference import evaluate, random_inputs
+    mod = load_module(module_source(rolled.plan, "mns_rolled"), "mns_rolled")
     inputs = random_inputs(spec, {"R": 9, "N": 83}, seed=3)
     assert torch.allclose(mod.forward(*inputs.values()).double(), evaluate(spec, inputs), rtol=1e-5, atol=1e-5)
     assert_close(str(SPECS / "max_normalized_sum.py"), {"R": 9, "N": 83})
@@ -85,9 +85,9 @@ def test_unfused_plan_runs_too():
     result = compiled(str(SPECS / "softmax.py"))[0]
     unfused = next(c for c in result.candidates if c.family == "unfused")
     from neptune_eqsat.codegen.module import module_source
-    from neptune_eqsat.runtime import load_module
-    from neptune_eqsat.reference import evaluate, random_inputs
-    mod = load_module(module_source(unfused.sched, "softmax_unfused", "unfused"), "softmax_unfused")
+    from neptune_eqsat.runtime.loader import load_module
+    from neptune_eqsat.frontend.reference import evaluate, random_inputs
+    mod = load_module(module_source(unfused.plan, "softmax_unfused"), "softmax_unfused")
     inputs = random_inputs(spec, {"R": 5, "N": 70}, seed=5)
     assert torch.allclose(mod.forward(*inputs.values()).double(), evaluate(spec, inputs), atol=1e-5)
 
@@ -159,7 +159,7 @@ def test_a_malformed_extracted_term_is_rejected_not_scheduled():
     """Extraction must only yield terms of the spec; one that is not (a reduction over an unknown axis) is
     skipped and reported, and the other plans remain."""
     from neptune_eqsat import ir
-    from neptune_eqsat.extract import _malformed
+    from neptune_eqsat.plan.extract import _malformed
     spec = load_spec(SPECS / "softmax.py")
     assert _malformed(spec, spec.output_term) == ""
     bad = ir.red("sum", "add", ir.load("x", ir.axis("r"), ir.axis("j")))
@@ -172,7 +172,7 @@ def test_when_every_extraction_is_malformed_the_spec_as_written_is_compiled(monk
     saturation and at worst the fusion, never the kernel: the compiler saturates afresh, then falls back to
     the spec's own term as its unfused plan, and that kernel is correct."""
     import neptune_eqsat.compiler as compiler
-    from neptune_eqsat.eterm import Mirror
+    from neptune_eqsat.ir.eterm import Mirror
     saturations = []
     real_saturate = compiler.saturate
 
@@ -187,8 +187,8 @@ def test_when_every_extraction_is_malformed_the_spec_as_written_is_compiled(monk
     assert [c.family for c in result.candidates] == ["unfused"]
     assert result.chosen.term == load_spec(path).output_term
     assert any("first saturation" in r for r in result.saturation.rejected)
-    from neptune_eqsat.reference import evaluate, random_inputs, tolerance
-    from neptune_eqsat.runtime import load_module
+    from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
+    from neptune_eqsat.runtime.loader import load_module
     inputs = random_inputs(result.spec, {"R": 3, "N": 29}, seed=2)
     out = load_module(result.source, "softmax_as_written").forward(*inputs.values())
     assert (out.double() - evaluate(result.spec, inputs)).abs().max().item() <= tolerance(result.spec.output_dtype)
@@ -197,7 +197,7 @@ def test_when_every_extraction_is_malformed_the_spec_as_written_is_compiled(monk
 def test_a_label_gather_reads_labels_drawn_in_range():
     """Inputs read as an index (labels) are drawn as integers inside the dimension they index, so the check
     exercises the gather; the loss matches float64 at sizes off the blocks."""
-    from neptune_eqsat.reference import index_roles, random_inputs
+    from neptune_eqsat.frontend.reference import index_roles, random_inputs
     path = str(SPECS / "cross_entropy.py")
     spec = load_spec(path)
     assert index_roles(spec, {"R": 7, "V": 45}) == {"target": 45}

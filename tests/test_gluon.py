@@ -2,7 +2,7 @@
 three partitions of warps, and that the module's Triton kernel still runs beside it.
 
 Gluon kernels run on Hopper GPUs only (no interpreter): here they are compiled for an H100 without one; their
-outputs are checked against float64 on the GPU by bench/attention.py (bench/results/h100-gluon-kernels).
+outputs are checked against float64 on the GPU by bench/suite/attention.py (bench/results/h100/2026-11-22-gluon-kernels).
 """
 import os
 import subprocess
@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from neptune_eqsat.codegen.gluon import eligible, tile_lines
-from neptune_eqsat.reference import evaluate, random_inputs, tolerance
-from neptune_eqsat.tune import candidates, tune
+from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
+from neptune_eqsat.tune.database import candidates, tune
 
 from conftest import SPECS, compiled
 

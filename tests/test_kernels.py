@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from neptune_eqsat.reference import evaluate, random_inputs, tolerance
+from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
 from neptune_eqsat.spec import load_spec
 
 from conftest import FEW, SPECS, assert_close, compiled, run_against_reference, spec_variant

@@ -2,7 +2,7 @@
 kernel: replayed launches get the new call's tensors in their places, fresh workspaces, the same tickets."""
 import torch
 
-from neptune_eqsat.codegen import launch
+from neptune_eqsat.runtime import launch
 
 
 def test_replay_puts_each_calls_tensors_where_the_recorded_launch_had_them(monkeypatch):

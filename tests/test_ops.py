@@ -11,7 +11,8 @@ import pytest
 import sympy as sp
 import torch
 
-from neptune_eqsat import ir, ops
+from neptune_eqsat import ir
+from neptune_eqsat.ir import ops
 from neptune_eqsat.codegen import gluon, intervals, kernel
 
 REALS = [-2.5, -1.25, -0.5, 0.0, 0.3, 0.5, 1.5, 2.5, 3.7]
@@ -70,6 +71,7 @@ def test_every_op_has_every_field():
             assert op.negation is None or (op.group == "compare" and ops.BIN[op.negation].negation == name)
             assert not op.keeps_integer or kind == "un"
             assert not (op.keeps_nonnegative or op.infix or op.bitwise) or kind == "bin"
+            assert (op.derivative is None) == op.flat, f"{name}: a derivative, or flat (piecewise constant)"
     assert not set(ops.UN) & set(ops.BIN)   # extraction's work table is keyed by the name alone
 
 

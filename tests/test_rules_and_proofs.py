@@ -2,10 +2,10 @@
 import sympy as sp
 from egglog import EGraph, eq
 
-from neptune_eqsat.eterm import ETerm
+from neptune_eqsat.ir.eterm import ETerm
 
-from neptune_eqsat.proof import derive_repair
-from neptune_eqsat.rulebook import identity, make_ruleset
+from neptune_eqsat.proof.symbolic import derive_repair
+from neptune_eqsat.proof.rulebook import identity, make_ruleset
 from neptune_eqsat.rules import ALL_RULES, FAMILIES
 
 

@@ -7,10 +7,10 @@ from egglog import EGraph, back_off, run, seq, set_
 
 from neptune_eqsat.codegen.module import module_source
 from neptune_eqsat.compiler import optimize
-from neptune_eqsat.cost import Device
-from neptune_eqsat.eterm import Mirror, extent
-from neptune_eqsat.extract import candidates
-from neptune_eqsat.saturate import SCHEDULE, Limits, Saturation, saturate
+from neptune_eqsat.plan.cost import Device
+from neptune_eqsat.ir.eterm import Mirror, extent
+from neptune_eqsat.plan.extract import candidates
+from neptune_eqsat.plan.saturate import SCHEDULE, Limits, Saturation, saturate
 from neptune_eqsat.spec import load_spec
 
 from conftest import SPECS
@@ -19,7 +19,8 @@ CHOSEN = {"alibi_dc": "split", "alibi_pf": "rolled", "attention_rmsnorm": "rolle
           "causal_pf": "rolled", "cross_entropy": "split", "global_pf": "rolled", "gqa_dc": "split+packed",
           "gqa_pf": "rolled", "log_softmax": "rolled", "max_normalized_sum": "split",
           "sigmoid_attention": "unfused", "softcap_dc": "split+packed", "softcap_pf": "rolled", "softmax": "rolled",
-          "window_pf": "rolled", "layernorm": "rolled", "linear_cross_entropy": "split"}
+          "window_pf": "rolled", "layernorm": "rolled", "linear_cross_entropy": "split",
+          "softplus_attention": "unfused"}
 
 
 def fixed_steps(term, extents: dict, steps: int = 12, match_limit: int = 400) -> Saturation:
@@ -53,7 +54,7 @@ def test_rounds_extract_the_plans_of_the_fixed_budget(name):
     old = candidates(fixed_steps(spec.output_term, spec.axis_dims), spec, sizes, device)
     assert [(c.family, c.term) for c in new] == [(c.family, c.term) for c in old]
     assert new[0].family == CHOSEN[name]
-    assert module_source(new[0].sched, name, "plan") == module_source(old[0].sched, name, "plan")
+    assert module_source(new[0].plan, name) == module_source(old[0].plan, name)
 
 
 @pytest.mark.parametrize("name, stop", [("softmax", "saturated"), ("causal_pf", "saturated"),

@@ -9,9 +9,9 @@ import torch
 from hypothesis import assume, given, settings, strategies as st
 
 from neptune_eqsat import ir
-from neptune_eqsat.combine import combine_plan
-from neptune_eqsat.cost import Device, split_count
-from neptune_eqsat.reference import Evaluator, _align, evaluate, random_inputs, tolerance
+from neptune_eqsat.plan.combine import combine_plan
+from neptune_eqsat.plan.cost import Device, split_count
+from neptune_eqsat.frontend.reference import Evaluator, _align, evaluate, random_inputs, tolerance
 
 from conftest import FEW, SPECS, compiled
 

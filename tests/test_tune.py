@@ -8,11 +8,11 @@ from types import SimpleNamespace
 import pytest
 import triton
 
-from neptune_eqsat import tune
+from neptune_eqsat.tune import database as tune
 from neptune_eqsat.compiler import optimize
-from neptune_eqsat.cost import Device
-from neptune_eqsat.extract import candidates
-from neptune_eqsat.runtime import load_module
+from neptune_eqsat.plan.cost import Device
+from neptune_eqsat.plan.extract import candidates
+from neptune_eqsat.runtime.loader import load_module
 
 from conftest import SPECS
 

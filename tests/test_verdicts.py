@@ -6,7 +6,8 @@ import sys
 
 import sympy as sp
 
-from neptune_eqsat import proof, verdicts
+from neptune_eqsat.proof import symbolic as proof
+from neptune_eqsat.proof import verdicts
 
 
 def isolated(monkeypatch, tmp_path):
@@ -25,7 +26,7 @@ def counting(answer):
 
 def test_a_verdict_is_reused_across_processes(monkeypatch, tmp_path):
     isolated(monkeypatch, tmp_path)
-    code = ("import sympy as sp; from neptune_eqsat import proof; a = sp.Symbol('a', real=True); "
+    code = ("import sympy as sp; from neptune_eqsat.proof import symbolic as proof; a = sp.Symbol('a', real=True); "
             "print(proof.proves(sp.exp(a) * sp.exp(-a), sp.Integer(1)))")
     env = {"NEPTUNE_EQSAT_PROOF_CACHE": str(tmp_path), "PATH": ""}
     for _ in range(2):

@@ -680,10 +680,7 @@ def copy_bandwidth():
     """Device-to-device copy of 1 GiB, GB/s of bytes read plus written (the cost model's calibration of the
     same): the ceiling decode runs against."""
     import_package()
-    try:
-        from neptune_eqsat.tune.calibrate import gpu_timer, memory_bandwidth
-    except ImportError:   # the package before its modules moved into subfolders
-        from neptune_eqsat.calibrate import gpu_timer, memory_bandwidth
+    from neptune_eqsat.tune.calibrate import gpu_timer, memory_bandwidth
     gbs = memory_bandwidth(gpu_timer) / 1e9
     free("cuda")
     return gbs

@@ -18,10 +18,7 @@ import torch
 from bench.common import import_package, load
 
 import_package()   # neptune_eqsat from this checkout (its egglog-free part)
-try:
-    from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance   # noqa: E402
-except ImportError:   # the package before its modules moved into subfolders
-    from neptune_eqsat.reference import evaluate, random_inputs, tolerance   # noqa: E402
+from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance   # noqa: E402
 from neptune_eqsat.spec import load_spec   # noqa: E402
 
 

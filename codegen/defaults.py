@@ -1,0 +1,65 @@
+"""The default tunables a generated module starts from (block sizes, warps, pipeline stages), on the GPU and
+under the interpreter, with the measurements that chose them; tuning replaces them per GPU and shape."""
+from __future__ import annotations
+
+from neptune_eqsat.plan.schedule import Schedule
+
+
+GPU_CONFIG = {"num_warps": 8, "num_stages": 3}   # measured best of a small sweep on an H100 (bench/tools/sweep_configs.py)
+
+
+INTERPRETER_CONFIG = {"num_warps": 1, "num_stages": 1}
+
+
+# the warp-specialized Gluon kernel (gluon.py) of plans that have one: 3 stages of key blocks of 128 were the
+# fastest of a sweep on an H100 (bench/experiments/2026-11-22-gluon-prefill/gluon_pingpong.py: global prefill 1.00x cuDNN at S 4096, 1.03x at 16384)
+GLUON_CONFIG = {"BACKEND": "gluon", "WS_BLOCK_J": 128, "WS_STAGES": 3, "WS_PERSISTENT": 0}
+
+
+# a kernel whose tiles hold only rows and a block of the loop axis (softmax, a norm, cross-entropy: no matrix
+# product) streams its rows: one row per program fills the GPU, and long loop blocks keep the loads wide. On an
+# H100 (bench/suite/rows.py --sweep) this ran softmax over 4096 x 32768 in 0.55 ms against 1.30 with 128-row tiles,
+# LayerNorm over 8192 x 4096 in 0.055 against 0.17, cross-entropy over a 128k vocabulary in 0.72 against 2.4.
+VECTOR_ROWS_CONFIG = {"num_warps": 4, "num_stages": 3, "row": 1, "loop": 2048}
+
+
+def vector_rows(sched: Schedule) -> bool:
+    return bool(sched.row) and bool(sched.loop) and not sched.inner and sched.col is None
+
+
+def whole_row_lines(block: str, length: str) -> list[str]:
+    """Launcher lines for a loop block left 0: a row of up to 32768 elements in one block (read once; the output
+    pass finds it in cache), with warps to hold it; longer rows in blocks of 2048. On an H100 LayerNorm over
+    4096 x 16384 ran 0.098 ms this way against 0.141 in blocks of 2048, softmax over 4096 x 32768 0.373 against
+    0.554 (bench/suite/rows.py --sweep)."""
+    return [f"    if cfg[{block!r}] == 0:",
+            f"        cfg[{block!r}] = triton.next_power_of_2({length}) if {length} <= 32768 else 2048",
+            f"        cfg['num_warps'] = 4 if cfg[{block!r}] <= 4096 else 8 if cfg[{block!r}] <= 16384 else 16"]
+
+
+def default_blocks(sched: Schedule) -> tuple[dict, dict]:
+    gpu, cpu = dict(GPU_CONFIG), dict(INTERPRETER_CONFIG)
+    row_block, loop_block = 128, 128
+    if vector_rows(sched):
+        gpu.update(num_warps=VECTOR_ROWS_CONFIG["num_warps"], num_stages=VECTOR_ROWS_CONFIG["num_stages"])
+        row_block, loop_block = VECTOR_ROWS_CONFIG["row"], VECTOR_ROWS_CONFIG["loop"]
+    if sched.row:
+        gpu[f"BLOCK_{sched.row.upper()}"] = row_block
+        cpu[f"BLOCK_{sched.row.upper()}"] = 16
+    if sched.loop:
+        gpu[f"BLOCK_{sched.loop.upper()}"] = loop_block
+        cpu[f"BLOCK_{sched.loop.upper()}"] = 16
+    for a in sched.chunked:   # the depth of each step of a long contraction (a matrix product's K loop)
+        gpu[f"BLOCK_{a.upper()}"] = 64
+        cpu[f"BLOCK_{a.upper()}"] = 16
+    return gpu, cpu
+
+
+SPLIT_KEYS = ("CHUNKS", "COMBINE")   # config entries that are not kernel arguments
+
+
+# the combine kernel reduces over few chunks and holds no matrix tile: small row blocks
+COMBINE_GPU = {"num_warps": 4, "num_stages": 1}
+
+
+COMBINE_CPU = {"num_warps": 1, "num_stages": 1}

@@ -1,0 +1,57 @@
+"""What a kernel writer's values are: a Triton expression over tile axes (`Val`), the block and states an
+expression is emitted under (`Context`), and the Triton spellings of the registry's ops, dtypes and identities."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from neptune_eqsat.ir import ops
+from neptune_eqsat.ir import Term
+
+TL_DTYPE = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32", "f64": "tl.float64"}
+UNARY_CODE = {name: op.triton for name, op in ops.UN.items()}
+BINARY_CODE = {name: op.triton for name, op in ops.BIN.items()}
+BIT_OPS = ops.named("bin", bitwise=True)
+IDENTITY_CODE = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}
+
+
+@dataclass
+class Val:
+    code: str
+    axes: tuple[str, ...]   # tile axes, canonical order
+    dtype: str              # f16, bf16, f32, int, bool
+
+
+@dataclass
+class Context:
+    body: str                          # block for values that vary per block or read running states
+    pre: str                           # block for values that only read finished reductions
+    complete: set = field(default_factory=set)
+    running: set = field(default_factory=set)
+    masked: bool = True
+    acc: Val | None = None
+
+
+def nonnegative(t: Term) -> bool:
+    """Is t never negative (positions, sizes and what sums, products and quotients of them give)?"""
+    if t.op in ("axis", "dim"):
+        return True
+    if t.op == "const":
+        return t.attrs[0] >= 0
+    if t.op == "cast":
+        return nonnegative(t.args[0])
+    if t.op == "bin" and ops.BIN[t.attrs[0]].keeps_nonnegative:
+        return all(nonnegative(a) for a in t.args)
+    if t.op == "where":
+        return nonnegative(t.args[1]) and nonnegative(t.args[2])
+    return False
+
+
+def rounded_to(t: Term, dtype: str) -> bool:
+    """Is t a product whose every factor is a cast to `dtype`?"""
+    if t.op == "bin" and t.attrs[0] == "mul":
+        return all(rounded_to(a, dtype) for a in t.args)
+    return t.op == "cast" and t.attrs[0] == dtype
+
+
+def pow2(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())

@@ -1,0 +1,396 @@
+"""score_mod / mask_mod callables traced by torch itself, then translated from ATen into spec expressions.
+
+The callables run once under torch's proxy tracing (make_fx) on 0-d index tensors, the way FlexAttention
+traces them: every method form, helper function, combinator (and_masks builds its masks with new_ones) and
+operator overload reaches the graph as the ATen operation it dispatches to, and `t[idx]` with a traced index
+becomes aten.index (TransformGetItemToIndex). The values are fake, so Python control flow on a traced value
+fails instead of silently following one branch. The graph's nodes are translated by ATEN below, one entry per
+ATen operation (keyed by its name, whatever overload); an operation without an entry stops the trace with a
+TraceError naming it and the callable's line.
+"""
+from __future__ import annotations
+
+import math
+import traceback
+from pathlib import Path
+
+import torch
+import torch._guards
+from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from neptune_eqsat import ir
+from neptune_eqsat.ir import ops
+from neptune_eqsat.frontend import spec as S
+
+LN2 = math.log(2.0)
+
+
+class Untranslatable(Exception):
+    """An ATen operation the spec language cannot express (with why)."""
+
+
+class View:
+    """A captured tensor indexed in some of its dimensions so far (None where not yet)."""
+
+    def __init__(self, tensor: torch.Tensor, fixed: tuple):
+        self.tensor, self.fixed = tensor, fixed
+
+    def index(self, indices, read) -> View | S.Expr:
+        """Fill the dimensions still open, in order, with `indices` (None keeps one open)."""
+        fixed, it = list(self.fixed), iter(indices)
+        for pos, have in enumerate(fixed):
+            if have is None:
+                nxt = next(it, None)
+                fixed[pos] = nxt
+        if next(it, None) is not None:
+            raise Untranslatable(f"indexes a captured tensor of shape {tuple(self.tensor.shape)} with too many indices")
+        if any(f is None for f in fixed):
+            return View(self.tensor, tuple(fixed))
+        return read(self.tensor, tuple(fixed))
+
+
+def _dtype(node) -> torch.dtype | None:
+    val = node.meta.get("val") if hasattr(node, "meta") else None
+    return getattr(val, "dtype", None)
+
+
+def _is_float(dtype) -> bool:
+    return dtype is not None and dtype.is_floating_point
+
+
+def _scalar(x):
+    return S._wrap(x) if isinstance(x, (int, float, bool, S.Expr)) else x
+
+
+def _max(a, b):   # elementwise (spec's max(j, x) with an axis first is a reduction)
+    return _scalar(a)._bin("max", b)
+
+
+def _min(a, b):
+    return _scalar(a)._bin("min", b)
+
+
+def _clamp(x, lo=None, hi=None):
+    x = _scalar(x)
+    if lo is not None:
+        x = _max(x, lo)
+    if hi is not None:
+        x = _min(x, hi)
+    return x
+
+
+def _div(a, b, rounding_mode=None):
+    if rounding_mode == "floor":
+        return _scalar(a) // b
+    if rounding_mode == "trunc":
+        raise Untranslatable("division rounded toward zero (rounding_mode='trunc') has no spec form")
+    return _scalar(a) / b
+
+
+def _power_of_two(k) -> int | None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        return None
+    return k
+
+
+def _shift(a, k, left: bool):
+    n = _power_of_two(k)
+    if n is None:   # by a traced amount: the shift itself
+        return _scalar(a)._bin("shl" if left else "shr", k)
+    return _scalar(a) * (2 ** n) if left else _scalar(a) // (2 ** n)
+
+
+def _logic(name: str, a, b):
+    """a and / or / xor b, with a Python bool on either side folded away (3 > 2 is True before tracing)."""
+    for x, y in ((a, b), (b, a)):
+        if isinstance(x, bool):
+            if name == "and":
+                return y if x else False
+            if name == "or":
+                return True if x else y
+            return ~_scalar(y) if x else y
+    return {"and": lambda: _scalar(a) & b, "or": lambda: _scalar(a) | b, "xor": lambda: _scalar(a) != b}[name]()
+
+
+def _not(a):
+    return (not a) if isinstance(a, bool) else ~_scalar(a)
+
+
+def _where(c, a, b):
+    if isinstance(c, bool):
+        return a if c else b
+    return S.where(c, a, b)
+
+
+def _bitwise(name: str):
+    """On booleans: logic. On integers: the bit operations (~x is -x - 1 in two's complement)."""
+    def translate(node, a, b=None):
+        if _dtype(node) == torch.bool:
+            return _not(a) if name == "not" else _logic(name, a, b)
+        if name == "not":
+            return -_scalar(a) - 1
+        return _scalar(a)._bin("bit" + name, b)
+    return translate
+
+
+def _to(node, x, *args, **kwargs):
+    """A dtype conversion: float to integer truncates, which the spec cannot express; the rest keep the value."""
+    source = _dtype(node.args[0]) if node.args and hasattr(node.args[0], "meta") else None
+    target = _dtype(node)
+    if _is_float(source) and target is not None and not target.is_floating_point:
+        raise Untranslatable(f"converts a float to {target} (truncation has no spec form)")
+    return x
+
+
+def _integral(name: str):
+    def translate(node, x, *args, decimals=0):
+        if not _is_float(_dtype(node.args[0])):
+            return x   # floor, ceil, round or trunc of an integer is itself
+        if decimals or args:
+            raise Untranslatable(f"{name} to {decimals or args[0]} decimals has no spec form")
+        return _unary(name, x)
+    return translate
+
+
+def _unary(fn: str, x):
+    return S.Expr(ir.un(fn, S._wrap(x).term))
+
+
+def _pow(a, k):
+    if isinstance(k, int) and 0 <= k <= 8:
+        out = S._wrap(1.0)
+        for _ in range(k):
+            out = out * a
+        return out
+    if k == 0.5:
+        return S.sqrt(a)
+    return S.exp(S.log(a) * k)
+
+
+def _exp2(a):
+    return _unary("exp2", a)
+
+
+def _sign(a):
+    a = _scalar(a)
+    return S.where(a > 0, 1.0, S.where(a < 0, -1.0, 0.0))
+
+
+def _fill(value):
+    return lambda *args, **kwargs: S._wrap(float(value) if not isinstance(value, bool) else value)
+
+
+def _full(*args, **kwargs):
+    value = kwargs.get("fill_value", args[1] if len(args) > 1 else args[0])
+    return S._wrap(value)
+
+
+def _same(x, *args, **kwargs):
+    return x
+
+
+# ATen operation name -> translation. Entries taking `node` first read the dtypes traced with the values.
+ATEN = {
+    "add": lambda a, b, alpha=1: _scalar(a) + (b if alpha == 1 else _scalar(b) * alpha),
+    "sub": lambda a, b, alpha=1: _scalar(a) - (b if alpha == 1 else _scalar(b) * alpha),
+    "rsub": lambda a, b, alpha=1: _scalar(b) - (a if alpha == 1 else _scalar(a) * alpha),
+    "mul": lambda a, b: _scalar(a) * b,
+    "div": _div,
+    "true_divide": lambda a, b: _scalar(a) / b,
+    "floor_divide": lambda a, b: _scalar(a) // b,
+    "remainder": lambda a, b: _scalar(a) % b,
+    "neg": lambda a: -_scalar(a),
+    "abs": S.abs, "exp": S.exp, "log": S.log, "tanh": S.tanh, "sqrt": S.sqrt, "exp2": _exp2,
+    "log2": lambda a: S.log(a) / LN2, "log10": lambda a: S.log(a) / math.log(10.0),
+    "rsqrt": lambda a: 1.0 / S.sqrt(a), "reciprocal": lambda a: 1.0 / _scalar(a),
+    "sigmoid": lambda a: 1.0 / (1.0 + S.exp(-_scalar(a))),
+    "pow": _pow, "square": lambda a: _scalar(a) * a, "sign": _sign, "sgn": _sign,
+    "clamp": _clamp, "clip": _clamp,
+    "clamp_min": lambda a, lo: _clamp(a, lo=lo), "clamp_max": lambda a, hi: _clamp(a, hi=hi),
+    "maximum": _max, "minimum": _min, "fmax": _max, "fmin": _min,
+    "where": _where,
+    "eq": lambda a, b: _scalar(a) == b, "ne": lambda a, b: _scalar(a) != b,
+    "lt": lambda a, b: _scalar(a) < b, "le": lambda a, b: _scalar(a) <= b,
+    "gt": lambda a, b: _scalar(a) > b, "ge": lambda a, b: _scalar(a) >= b,
+    "logical_and": lambda a, b: _logic("and", a, b), "logical_or": lambda a, b: _logic("or", a, b),
+    "logical_not": _not, "logical_xor": lambda a, b: _logic("xor", a, b),
+    "bitwise_and": ("node", _bitwise("and")), "bitwise_or": ("node", _bitwise("or")),
+    "bitwise_xor": ("node", _bitwise("xor")), "bitwise_not": ("node", _bitwise("not")),
+    "__and__": ("node", _bitwise("and")), "__or__": ("node", _bitwise("or")), "__xor__": ("node", _bitwise("xor")),
+    "__rshift__": lambda a, k: _shift(a, k, False), "bitwise_right_shift": lambda a, k: _shift(a, k, False),
+    "__lshift__": lambda a, k: _shift(a, k, True), "bitwise_left_shift": lambda a, k: _shift(a, k, True),
+    "floor": ("node", _integral("floor")), "ceil": ("node", _integral("ceil")),
+    "round": ("node", _integral("round")), "trunc": ("node", _integral("trunc")),
+    "_to_copy": ("node", _to), "to": ("node", _to), "type_as": ("node", _to),
+    "scalar_tensor": lambda v, **kwargs: S._wrap(v), "full": _full, "new_full": _full, "full_like": _full,
+    "new_ones": _fill(1), "ones_like": _fill(1), "new_zeros": _fill(0), "zeros_like": _fill(0),
+    "lift_fresh_copy": _same, "clone": _same, "alias": _same, "detach": _same, "view": _same, "reshape": _same,
+    "_unsafe_view": _same, "expand": _same, "squeeze": _same, "unsqueeze": _same, "permute": _same,
+    "contiguous": _same, "expand_as": _same, "view_as": _same,
+}
+# ATen operators that are exactly an op of the registry (its `aten` names)
+for _op in ops.UN.values():
+    ATEN.update({name: S.ELEMENTWISE[_op.name] for name in _op.aten})
+for _op in ops.BIN.values():
+    ATEN.update({name: (lambda fn: lambda a, b: S.Expr(ir.bin(fn, S._wrap(a).term, S._wrap(b).term)))(_op.name)
+                 for name in _op.aten})
+
+
+def trace(fn, inputs: list[S.Expr], read, dtypes: list[torch.dtype], describe):
+    """fn traced and translated: `inputs` are the spec expressions of its arguments (with the dtypes their
+    example tensors take), `read(tensor, index)` reads a captured tensor, `describe(what, line)` makes the
+    TraceError. Returns a spec expression, or a Python bool for a constant result."""
+    try:
+        gm = _graph(fn, dtypes)
+    except Exception as e:   # the callable did something that cannot be traced
+        raise describe(_traced_failure(e), _user_line(traceback.extract_tb(e.__traceback__))) from e
+    env: dict = {}
+    placeholders = iter(inputs)
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = next(placeholders)
+        elif node.op == "get_attr":
+            tensor = getattr(gm, node.target)
+            if all(getattr(u.target, "__name__", "") == "lift_fresh_copy.default" for u in node.users):
+                env[node] = _evaluated(tensor)   # a literal of the callable (torch.tensor(2.0), an int index)
+            else:   # a tensor the callable captures: an input of the kernel, read at run time
+                env[node] = read(tensor, ()) if tensor.dim() == 0 else View(tensor, (None,) * tensor.dim())
+        elif node.op == "call_function":
+            try:
+                env[node] = _translate(node, env, read)
+            except Untranslatable as e:
+                raise describe(str(e), _line_of(fn, dtypes, node.target)) from None
+        elif node.op == "output":
+            out = node.args[0]
+            value = env[out] if isinstance(out, torch.fx.Node) else out
+            if isinstance(value, View):
+                raise describe(f"returns a captured tensor of shape {tuple(value.tensor.shape)} without indexing it",
+                               "")
+            return _constant(value)
+    raise describe("returns nothing", "")
+
+
+def _translate(node, env, read):
+    def value(a):
+        if isinstance(a, torch.fx.Node):
+            return env[a]
+        if isinstance(a, (list, tuple)):
+            return [value(x) for x in a]
+        return a
+
+    target = node.target
+    name = getattr(getattr(target, "overloadpacket", None), "__name__", None) or getattr(target, "__name__", str(target))
+    args, kwargs = value(list(node.args)), {k: value(v) for k, v in node.kwargs.items()}
+    if name == "index":
+        base, indices = args[0], args[1]
+        if not isinstance(base, View):
+            raise Untranslatable("indexes a traced value (only captured tensors can be indexed)")
+        return base.index([None if i is None else _index(i) for i in indices], read)
+    if name == "select":
+        base, dim, at = args
+        if not isinstance(base, View):
+            raise Untranslatable("indexes a traced value (only captured tensors can be indexed)")
+        open_dims = [k for k, f in enumerate(base.fixed) if f is None]
+        size = base.tensor.shape[open_dims[dim]]
+        return base.index([None] * (dim % len(open_dims)) + [S._wrap(at + size if at < 0 else at)], read)
+    if not any(isinstance(a, (S.Expr, View)) for a in _flat(args) + _flat(list(kwargs.values()))):
+        return _evaluated(target(*args, **kwargs))   # made from constants only (torch.ones(4)): run it
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, View):
+            raise Untranslatable(f"uses a captured tensor of shape {tuple(a.tensor.shape)} without indexing it "
+                                 f"(in aten.{name})")
+    entry = ATEN.get(name)
+    if entry is None:
+        raise Untranslatable(f"aten.{name} has no translation into the spec language")
+    if isinstance(entry, tuple):
+        return entry[1](node, *args, **kwargs)
+    return entry(*args, **kwargs)
+
+
+def _flat(xs) -> list:
+    out = []
+    for x in xs:
+        out += _flat(x) if isinstance(x, (list, tuple)) else [x]
+    return out
+
+
+def _evaluated(t):
+    """A tensor computed while tracing: a constant when it is one number, else a tensor the kernel reads."""
+    if not isinstance(t, torch.Tensor):
+        return S._wrap(t) if isinstance(t, (int, float, bool)) else t
+    if t.dim() == 0:
+        return S._wrap(t.item())
+    return View(t, (None,) * t.dim())
+
+
+def _index(i) -> S.Expr:
+    return S._wrap(i) + 0 if isinstance(i, S.Expr) else S._wrap(int(i))
+
+
+def _constant(value):
+    """A result that does not depend on the inputs as a Python number, else the expression."""
+    if isinstance(value, S.Expr) and value.term.op == "const":
+        return value.term.attrs[0]
+    return value
+
+
+_TORCH_DIR = str(Path(torch.__file__).resolve().parent)
+_HERE = str(Path(__file__).resolve().parents[1])   # the package: its frames are not the user's
+
+
+def _user_line(frames) -> str:
+    """file:line: text of the innermost frame outside torch and this package (the user's code)."""
+    for f in reversed(frames):
+        path = str(Path(f.filename).resolve())
+        if not path.startswith((_TORCH_DIR, _HERE)) and "/importlib/" not in path:
+            return f"{Path(f.filename).name}:{f.lineno}: {(f.line or '').strip()}"
+    return ""
+
+
+class _Found(Exception):
+    pass
+
+
+class _StopAt(TorchDispatchMode):
+    """Stops a trace at the first call of one ATen operation, keeping the Python stack of that call."""
+
+    def __init__(self, target):
+        super().__init__()
+        self.target = target
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func == self.target:
+            raise _Found(traceback.extract_stack())
+        return func(*args, **(kwargs or {}))
+
+
+def _line_of(fn, dtypes, target) -> str:
+    """The user's line that called ATen operation `target`, found by tracing again up to it."""
+    def stopping(*args):
+        with _StopAt(target):
+            return fn(*args)
+    try:
+        _graph(stopping, dtypes)
+    except _Found as found:
+        return _user_line(found.args[0])
+    except Exception:
+        return ""
+    return ""
+
+
+def _graph(fn, dtypes):
+    """fn traced on fake 0-d tensors of `dtypes` into an ATen graph, outside any tracing already under way (a
+    model being compiled calls flex_attention while torch.compile traces it)."""
+    examples = [torch.zeros((), dtype=d) for d in dtypes]
+    with torch._guards.tracing(None), _disable_current_modes(), TransformGetItemToIndex():
+        return make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*examples)
+
+
+def _traced_failure(e: Exception) -> str:
+    text = str(e)
+    if "data-dependent" in text or "DataDependent" in type(e).__name__:
+        return ("Python control flow (if / and / or / while) or a Python number taken from a traced value: "
+                "use torch.where, &, | and ~ instead")
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"

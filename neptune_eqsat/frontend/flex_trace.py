@@ -1,0 +1,205 @@
+"""FlexAttention's score_mod / mask_mod callables traced into an attention spec.
+
+The callables run once on symbolic values: `score` is the scaled dot product, `b, h, q_idx, kv_idx` are the
+batch, query-head, query and key indices (0-based positions in the query and key tensors, as in
+FlexAttention). Tensors they capture and index (`bias[h]`, `doc_id[q_idx]`) become inputs of the kernel, so new
+values do not recompile. The resulting spec is the plain attention math with the score modified and masked
+elements at -inf; the compiler finds the fused plan (rolled for prefill, split-K for decode). `reads` says what a
+callable reads besides its arguments, so a caller knows when to trace it again.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from dataclasses import dataclass, field
+from types import ModuleType
+
+import torch
+
+from neptune_eqsat import ir
+from neptune_eqsat.frontend import aten_trace
+from neptune_eqsat.frontend import spec as S
+from neptune_eqsat.frontend.spec import Spec, SpecError
+
+
+DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+
+
+class TraceError(SpecError):
+    """A score_mod / mask_mod that cannot be traced; names the callable, the line and the construct."""
+
+
+@dataclass
+class _Trace:
+    spec: Spec
+    fn_name: str = ""
+    captures: list[torch.Tensor] = field(default_factory=list)
+
+    def capture(self, t: torch.Tensor, index: tuple) -> S.Expr:
+        """A captured tensor read at `index` (spec expressions; `+ 0` on each, see below)."""
+        for k, c in enumerate(self.captures):
+            if c is t:
+                name = f"capture{k}"
+                break
+        else:
+            name = f"capture{len(self.captures)}"
+            self.captures.append(t)
+        if t.dim() != len(index):
+            raise self.error(f"indexes captured tensor of shape {tuple(t.shape)} with {len(index)} indices")
+        if name not in self.spec.inputs:   # its shape is part of the kernel (a new shape compiles a new one)
+            self.spec.input(name, DTYPES.get(t.dtype, "f32"), *(int(n) for n in t.shape),
+                            source=f"the tensor of shape {tuple(t.shape)} that {self.fn_name} captures")
+        tensor = self.spec.inputs[name]
+        # indices come as `i + 0`: an index may be an axis whose extent is a run-time size, and the tensor's
+        # extent is fixed, so it is read at a computed index (checked at run time, bounds.py)
+        return tensor[tuple(index)] if index else S.Expr(ir.load(name))
+
+    def error(self, what: str, line: str = "") -> TraceError:
+        return TraceError(f"{self.fn_name}{' (' + line + ')' if line else ''}: {what}")
+
+
+def _call(tr: _Trace, fn, args: list[S.Expr], dtypes: list[torch.dtype]):
+    """fn traced by torch and translated into a spec expression (aten_trace.py)."""
+    tr.fn_name = getattr(fn, "__qualname__", None) or getattr(getattr(fn, "func", None), "__qualname__", repr(fn))
+    return aten_trace.trace(fn, args, tr.capture, dtypes, tr.error)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What a compiled kernel depends on (not the sequence lengths)."""
+    dtype: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+    value_dim: int
+    scale: float
+    decode: bool = False
+    lse: bool = False   # the output is the row logsumexp of the scores (return_lse), not the weighted values
+
+
+def trace(score_mod, mask_mod, problem: Problem) -> tuple[Spec, list[torch.Tensor]]:
+    """The attention spec with the callables traced in, and the tensors they capture (kernel inputs)."""
+    p = problem
+    spec = Spec("flex")
+    B, L, Skv = spec.dims(B=1, L=1 if p.decode else 4096, S=32768 if p.decode else 4096)
+    b, h, i, j, d, e = spec.axes(b=B, h=p.heads, i=L, j=Skv, d=p.head_dim, e=p.value_dim)
+    q = spec.input("q", p.dtype, B, p.heads, L, p.head_dim)
+    k = spec.input("k", p.dtype, B, p.kv_heads, Skv, p.head_dim)
+    v = spec.input("v", p.dtype, B, p.kv_heads, Skv, p.value_dim)
+    hk = h // (p.heads // p.kv_heads) if p.heads != p.kv_heads else h
+    tr = _Trace(spec)
+    s = S.sum(d, q[b, h, i, d] * k[b, hk, j, d]) * p.scale
+    index = [torch.int32] * 4   # FlexAttention's index tensors
+    if score_mod is not None:
+        s = _call(tr, score_mod, [s, b, h, i, j], [torch.float32] + index)
+        if not isinstance(s, S.Expr):
+            s = S._wrap(float(s)) + 0 * S.sum(d, q[b, h, i, d] * k[b, hk, j, d])
+    if mask_mod is not None:
+        keep = _call(tr, mask_mod, [b, h, i, j], index)
+        if not isinstance(keep, S.Expr):
+            keep = bool(keep)
+        if keep is not True:
+            if keep is False:
+                keep = S._wrap(0.0) > 1.0
+            s = S.where(keep, s, -math.inf)
+    m = S.max(j, s)
+    p_ = S.exp(s - S.where(m == -math.inf, 0, m))
+    l_ = S.sum(j, p_)
+    if p.lse:   # natural logarithm, -inf where a row keeps no key (FlexAttention's return_lse)
+        spec.output("lse", "f32", S.where(l_ == 0, -math.inf, S.where(m == -math.inf, 0, m) + S.log(l_)), b, h, i)
+    else:
+        o = S.sum(j, S.cast(p_, p.dtype) * v[b, hk, j, e]) / S.where(l_ == 0, 1, l_)
+        spec.output("o", p.dtype, o, b, h, i, e)
+    spec.validate()
+    # one name per traced problem: the tuning database keys its measurements by spec name
+    spec.name = "flex_" + hashlib.sha256(problem_text(spec, problem).encode()).hexdigest()[:12]
+    return spec, tr.captures
+
+
+# ---- compiled kernels, cached in memory and on disk -------------------------------------------------------------
+
+
+def problem_text(spec: Spec, problem: Problem) -> str:
+    return f"{problem}|{ir.show(spec.output_term)}|" + "|".join(
+        f"{n}:{t.dtype}:{t.shape}" for n, t in spec.inputs.items())
+
+
+_FLEX_NAMES = {"b": "b", "h": "h", "i": "q_idx", "j": "kv_idx"}
+
+
+def index_text(t: ir.Term) -> str:
+    """An index in the callables' own names (q_idx, kv_idx), without the tracer's `+ 0`."""
+    def clean(x: ir.Term) -> ir.Term:
+        if x.op == "axis":
+            return ir.axis(_FLEX_NAMES.get(x.attrs[0], x.attrs[0]))
+        if x.op == "bin" and x.attrs[0] == "add" and x.args[1] == ir.const(0):
+            return clean(x.args[0])
+        return ir.Term(x.op, x.attrs, tuple(clean(a) for a in x.args)) if x.args else x
+    return ir.show(clean(t))
+
+
+_VALUES = (int, float, bool, complex, str, bytes, type(None))
+
+
+_OPAQUE = (ModuleType, type, torch.dtype, torch.device)
+
+
+def reads(fn) -> tuple:
+    """What a callable reads besides its arguments and could change between calls: Python numbers and strings
+    by value, tensors by identity, found in its closure, the globals and attributes it names, its defaults, and
+    the same of the functions it reaches through them (helpers, and_masks' list of masks). The trace bakes
+    numbers into the kernel and binds tensors as inputs, so a call whose reads differ is traced again."""
+    out: list = []
+    _reads_of(fn, out, set(), frozenset(), 0)
+    return tuple(out)
+
+
+def _code_names(code) -> frozenset:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if hasattr(c, "co_names"):   # a nested function or lambda: what it names is read when it runs
+            names |= _code_names(c)
+    return frozenset(names)
+
+
+def _reads_of(v, out: list, seen: set, names: frozenset, depth: int) -> None:
+    if isinstance(v, _VALUES):
+        out.append(repr(v))
+        return
+    if isinstance(v, torch.Tensor):
+        out.append(("tensor", id(v)))
+        return
+    if depth > 6 or id(v) in seen or isinstance(v, _OPAQUE):
+        return
+    seen.add(id(v))
+    if isinstance(v, functools.partial):
+        parts = [v.func, *v.args, *v.keywords.values()]
+    elif isinstance(v, (list, tuple, set, frozenset)):
+        parts = list(v)[:64]
+    elif isinstance(v, dict):
+        parts = list(v.values())[:64]
+    elif hasattr(v, "__func__") and hasattr(v, "__self__"):   # a bound method
+        parts = [v.__func__, v.__self__]
+    elif hasattr(v, "__code__") and hasattr(v, "__globals__"):   # a Python function
+        names = _code_names(v.__code__)
+        cells = [c.cell_contents for c in v.__closure__ or () if _filled(c)]
+        parts = cells + [v.__globals__[n] for n in sorted(names) if n in v.__globals__]
+        parts += list(v.__defaults__ or ()) + list((v.__kwdefaults__ or {}).values())
+    elif callable(v) and not hasattr(v, "__dict__"):   # a builtin
+        return
+    else:   # an object: the attributes of it that the code names (self.scale, cfg.window)
+        parts = [getattr(v, n) for n in sorted(names) if n in getattr(v, "__dict__", {})]
+        call = getattr(type(v), "__call__", None)
+        if call is not None and hasattr(call, "__code__"):
+            parts.append(call)
+    for p in parts:
+        _reads_of(p, out, seen, names, depth + 1)
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:   # a cell not yet assigned
+        return False
+    return True

@@ -1,0 +1,411 @@
+"""The spec language: plain index-notation math, written as Python.
+
+    from neptune_eqsat.spec import *
+    spec = Spec("softmax")
+    R, N = spec.dims("R", "N")                 # sizes known only at run time
+    r, j = spec.axes(r=R, j=N)                 # loop indices and their extents
+    x = spec.input("x", f32, R, N)
+    m = max(j, x[r, j])                        # a reduction over j
+    spec.output("y", f32, exp(x[r, j] - m) / sum(j, exp(x[r, j] - m)), r, j)
+
+Every expression remembers the spec line that wrote it, so errors name it.
+"""
+from __future__ import annotations
+
+import builtins
+import keyword
+import math
+import runpy
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from neptune_eqsat import ir
+from neptune_eqsat.ir import ops
+from neptune_eqsat.ir import Term
+
+__all__ = ["Spec", "Dim", "SpecError", "f16", "bf16", "f32", "inf", "nan", "sum", "max", "min", "where", "cast",
+           "load_spec"]
+
+f16, bf16, f32 = "f16", "bf16", "f32"
+inf, nan = math.inf, math.nan
+
+
+class SpecError(ValueError):
+    """A malformed spec; the message names the spec line."""
+
+
+def _origin() -> str | None:
+    f = sys._getframe(1)
+    here = __file__
+    while f is not None and f.f_code.co_filename == here:
+        f = f.f_back
+    return f"{Path(f.f_code.co_filename).name}:{f.f_lineno}" if f is not None else None
+
+
+def _fail(msg: str, origin: str | None = None) -> SpecError:
+    origin = origin or _origin()
+    return SpecError(f"{origin}: {msg}" if origin else msg)
+
+
+@dataclass(frozen=True)
+class Dim:
+    """A size known only at run time (taken from the input shapes)."""
+    name: str
+
+    def __repr__(self) -> str:
+        return self.name
+
+    def _term(self) -> Term:
+        return ir.dim(self.name)
+
+    def __add__(self, o): return _wrap(self) + o
+    def __radd__(self, o): return _wrap(o) + self
+    def __sub__(self, o): return _wrap(self) - o
+    def __rsub__(self, o): return _wrap(o) - self
+
+
+Extent = int | Dim
+
+
+class Expr:
+    """A scalar expression; arithmetic builds IR terms."""
+    __slots__ = ("term",)
+    __array_priority__ = 1000
+
+    def __init__(self, term: Term):
+        self.term = term
+
+    def __repr__(self) -> str:
+        return ir.show(self.term)
+
+    def __bool__(self):
+        raise _fail("a spec expression has no truth value here: use where(cond, a, b) instead of if/and/or")
+
+    def _bin(self, fn: str, other, swap: bool = False) -> Expr:
+        a, b = _wrap(self), _wrap(other)
+        if swap:
+            a, b = b, a
+        return Expr(Term("bin", (fn,), (a.term, b.term), _origin()))
+
+    def __add__(self, o): return self._bin("add", o)
+    def __radd__(self, o): return self._bin("add", o, True)
+    def __sub__(self, o): return self._bin("sub", o)
+    def __rsub__(self, o): return self._bin("sub", o, True)
+    def __mul__(self, o): return self._bin("mul", o)
+    def __rmul__(self, o): return self._bin("mul", o, True)
+    def __truediv__(self, o): return self._bin("div", o)
+    def __rtruediv__(self, o): return self._bin("div", o, True)
+    def __floordiv__(self, o): return self._bin("floordiv", o)
+    def __mod__(self, o): return self._bin("mod", o)
+    def __lt__(self, o): return self._bin("lt", o)
+    def __le__(self, o): return self._bin("le", o)
+    def __gt__(self, o): return self._bin("gt", o)
+    def __ge__(self, o): return self._bin("ge", o)
+    def __eq__(self, o): return self._bin("eq", o)  # type: ignore[override]
+    def __ne__(self, o): return self._bin("ne", o)  # type: ignore[override]
+    def __and__(self, o): return self._bin("and", o)
+    def __or__(self, o): return self._bin("or", o)
+    def __neg__(self): return Expr(Term("un", ("neg",), (self.term,), _origin()))
+    def __invert__(self): return Expr(Term("un", ("not",), (self.term,), _origin()))
+    __hash__ = None  # type: ignore[assignment]
+
+
+class Axis(Expr):
+    """A loop index with its extent."""
+    __slots__ = ("name", "extent")
+
+    def __init__(self, name: str, extent: Extent):
+        super().__init__(ir.axis(name))
+        self.name, self.extent = name, extent
+
+
+def _wrap(x) -> Expr:
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, Dim):
+        return Expr(x._term())
+    if isinstance(x, bool):
+        raise _fail("booleans are not values in a spec")
+    if isinstance(x, (int, float)):
+        return Expr(ir.const(x))
+    raise _fail(f"cannot use {type(x).__name__} {x!r} in a spec expression")
+
+
+class Tensor:
+    """An input tensor; indexing it reads one element."""
+
+    def __init__(self, spec: Spec, name: str, dtype: str, shape: tuple[Extent, ...], positive: bool,
+                 source: str = ""):
+        self.spec, self.name, self.dtype, self.shape, self.positive = spec, name, dtype, shape, positive
+        self.source = source or f"input {name}"   # what the tensor is, for messages
+
+    def __getitem__(self, idx) -> Expr:
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        if len(idx) != len(self.shape):
+            raise _fail(f"tensor {self.name} has {len(self.shape)} dimensions {list(self.shape)}, "
+                        f"indexed with {len(idx)}")
+        terms = []
+        for pos, (x, ext) in enumerate(zip(idx, self.shape)):
+            e = _wrap(x)
+            self.spec._check_index(self.name, pos, e.term, ext)
+            terms.append(e.term)
+        return Expr(Term("load", (self.name,), tuple(terms), _origin()))
+
+
+@dataclass
+class Spec:
+    """A computation: run-time dims, axes, inputs and one output."""
+    name: str
+    dims_: dict[str, Dim] = field(default_factory=dict)
+    typical: dict[str, int] = field(default_factory=dict)
+    axes_: dict[str, Extent] = field(default_factory=dict)
+    inputs: dict[str, Tensor] = field(default_factory=dict)
+    output_name: str | None = None
+    output_dtype: str | None = None
+    output_term: Term | None = None
+    output_axes: tuple[str, ...] = ()
+    doc: str = ""
+    # set by layout rewrites (layout.py): where each output element is stored when the kernel's axes are not
+    # the output's own, the output's shape, and sizes the launcher derives as factor * dim
+    output_index: tuple[Term, ...] | None = None
+    output_shape: tuple[Extent, ...] | None = None
+    derived: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+    def dims(self, *names: str, **typical: int):
+        """Sizes known only at run time. Keyword form gives a typical size, used to price plans:
+        spec.dims(B=1, S=4096). Positional names get 1024."""
+        out = []
+        for n, size in [(n, 1024) for n in names] + list(typical.items()):
+            self.dims_[n] = Dim(n)
+            self.typical[n] = size
+            out.append(self.dims_[n])
+        return out[0] if len(out) == 1 else out
+
+    def axes(self, **extents: Extent):
+        out = []
+        for n, ext in extents.items():
+            if not isinstance(ext, (int, Dim)) or isinstance(ext, bool):
+                raise _fail(f"axis {n}: extent must be an int or a Dim, got {ext!r}")
+            self.axes_[n] = ext
+            out.append(Axis(n, ext))
+        return out[0] if len(out) == 1 else out
+
+    def input(self, name: str, dtype: str, *shape: Extent, positive: bool = False, source: str = "") -> Tensor:
+        if dtype not in ir.DTYPES:
+            raise _fail(f"input {name}: unknown dtype {dtype!r} (one of {', '.join(ir.DTYPES)})")
+        for s in shape:
+            if not isinstance(s, (int, Dim)) or isinstance(s, bool):
+                raise _fail(f"input {name}: shape entries must be ints or Dims, got {s!r}")
+        t = Tensor(self, name, dtype, tuple(shape), positive, source)
+        self.inputs[name] = t
+        return t
+
+    def output(self, name: str, dtype: str, value, *axes: Axis) -> None:
+        e = _wrap(value)
+        names = tuple(a.name for a in axes)
+        for a in axes:
+            if not isinstance(a, Axis):
+                raise _fail(f"output {name}: {a!r} is not an axis")
+        extra = e.term.free - set(names)
+        if extra:
+            raise _fail(f"output {name}: the value depends on axes {sorted(extra)} that are not output axes "
+                        f"{list(names)} (reduce over them or add them)")
+        self.output_name, self.output_dtype, self.output_term, self.output_axes = name, dtype, e.term, names
+
+    # ---- checks -------------------------------------------------------------------------------------------
+    def _check_index(self, tensor: str, pos: int, t: Term, ext: Extent) -> None:
+        for a in t.free:
+            if a not in self.axes_:
+                raise _fail(f"tensor {tensor}, dimension {pos}: unknown axis {a}")
+        if t.op == "axis":
+            aext = self.axes_[t.attrs[0]]
+            if aext != ext:
+                raise _fail(f"tensor {tensor}, dimension {pos} has extent {ext} but axis {t.attrs[0]} "
+                            f"runs over {aext}")
+            return
+        hi = self.max_value(t)
+        if hi is not None and isinstance(ext, int) and hi >= ext:
+            raise _fail(f"tensor {tensor}, dimension {pos}: index {ir.show(t)} reaches {hi}, beyond extent {ext}")
+
+    def max_value(self, t: Term) -> int | None:
+        """Largest value of a non-negative index expression over constant-extent axes, if known."""
+        if t.op == "axis":
+            ext = self.axes_[t.attrs[0]]
+            return ext - 1 if isinstance(ext, int) else None
+        if t.op == "const":
+            return int(t.attrs[0]) if math.isfinite(t.attrs[0]) else None
+        if t.op == "bin" and t.attrs[0] in ("add", "mul", "floordiv"):
+            a, b = (self.max_value(x) for x in t.args)
+            if a is None or b is None:
+                return None
+            return {"add": a + b, "mul": a * b, "floordiv": a // builtins.max(b, 1)}[t.attrs[0]]
+        return None
+
+    def retyped(self, dtype: str) -> Spec:
+        """The same computation with its 16-bit floating-point inputs, casts and output in `dtype` (bf16 for
+        an fp16 spec, say); inputs of other dtypes (fp32 slopes, integer ids) keep theirs."""
+        if dtype not in ir.DTYPES:
+            raise SpecError(f"unknown dtype {dtype!r} (one of {', '.join(ir.DTYPES)})")
+        if self.output_term is None:
+            raise SpecError(f"spec {self.name}: no output to retype")
+        sixteen = ("f16", "bf16")
+
+        def new(old: str) -> str:
+            return dtype if old in sixteen else old
+        casts = {t: Term("cast", (new(t.attrs[0]),), t.args, t.origin) for t in ir.walk(self.output_term)
+                 if t.op == "cast"}
+        out = replace(self, inputs={}, derived=dict(self.derived), output_dtype=new(self.output_dtype or ""),
+                      output_term=_substitute_bottom_up(self.output_term, casts))
+        for n, t in self.inputs.items():
+            out.inputs[n] = Tensor(out, n, new(t.dtype), t.shape, t.positive, t.source)
+        return out
+
+    def extent(self, ax: str) -> Extent:
+        return self.axes_[ax]
+
+    @property
+    def axis_dims(self) -> dict[str, str]:
+        """Axis -> the name of the run-time dim it runs over (axes of a fixed extent left out)."""
+        return {a: e.name for a, e in self.axes_.items() if isinstance(e, Dim)}
+
+    def validate(self) -> None:
+        if self.output_term is None:
+            raise SpecError(f"spec {self.name}: no output (call spec.output(name, dtype, value, *axes))")
+        for t in ir.walk(self.output_term):
+            if ir.is_reduction(t):
+                ax = t.attrs[1]
+                if ax not in t.args[0].free:
+                    raise _fail(f"{t.attrs[0]} over {ax}: the reduced value does not depend on {ax}", t.origin)
+
+
+def _substitute_bottom_up(t: Term, rename: dict[Term, Term]) -> Term:
+    """t with each sub-term in `rename` replaced, children first (a renamed term may hold renamed ones)."""
+    memo: dict[Term, Term] = {}
+
+    def go(x: Term) -> Term:
+        if x not in memo:
+            y = Term(x.op, x.attrs, tuple(go(a) for a in x.args), x.origin) if x.args else x
+            memo[x] = Term(y.op, rename[x].attrs, y.args, y.origin) if x in rename else y
+        return memo[x]
+    return go(t)
+
+
+def _un(fn: str, x) -> Expr:
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return ops.UN[fn].python(x)
+    return Expr(Term("un", (fn,), (_wrap(x).term,), _origin()))
+
+
+def _elementwise(fn: str):
+    def apply(x):
+        return _un(fn, x)
+    apply.__name__ = apply.__qualname__ = fn
+    apply.__doc__ = f"{fn}(x), elementwise: the op registry's {fn!r} (a number in gives a number out)."
+    return apply
+
+
+# every unary op of the registry is a function of the language (exp, log, tanh, sqrt, abs, erf, floor, ...)
+ELEMENTWISE = {fn: _elementwise(fn) for fn in ops.UN if fn.isidentifier() and not keyword.iskeyword(fn)}
+globals().update(ELEMENTWISE)
+__all__ += sorted(ELEMENTWISE)
+
+
+_FLIPPED = {name: op.negation for name, op in ops.BIN.items() if op.negation}
+_INDEX_ARITHMETIC = ("add", "sub", "mul") + ir.INTEGER
+
+
+def _is_index(t: Term) -> bool:
+    """Integer arithmetic of axes, dims and constants (no loaded value, so no NaN)."""
+    return all(x.op in ("axis", "dim", "const") or (x.op == "bin" and x.attrs[0] in _INDEX_ARITHMETIC)
+               or (x.op == "un" and x.attrs[0] == "neg") for x in ir.walk(t))
+
+
+def _negate(c: Term) -> Term:
+    """not c; a comparison of indices flips instead (never NaN, so not(a > b) is a <= b), which keeps it a
+    linear bound that loops can be clipped to."""
+    if c.op == "bin" and c.attrs[0] in _FLIPPED and all(_is_index(x) for x in c.args):
+        return Term("bin", (_FLIPPED[c.attrs[0]],), c.args, c.origin)
+    if c.op == "un" and c.attrs[0] == "not":
+        return c.args[0]
+    return Term("un", ("not",), (c,), c.origin)
+
+
+def _is_index_condition(c: Term) -> bool:
+    """A condition on indices only (a mask), built from comparisons and logic of index arithmetic."""
+    return all(_is_index(x) or (x.op == "bin" and x.attrs[0] in ir.COMPARE + ir.LOGIC)
+               or (x.op == "un" and x.attrs[0] == "not") for x in ir.walk(c))
+
+
+def where(cond, a, b) -> Expr:
+    """cond ? a : b. A mask written with the constant first (where(j > i, -inf, s)) is stored as where(j <= i,
+    s, -inf): the kept value first and the constant it is replaced by second, the one form of a mask."""
+    c, x, y = _wrap(cond).term, _wrap(a).term, _wrap(b).term
+    if x.op == "const" and y.op != "const" and _is_index_condition(c):
+        c, x, y = _negate(c), y, x
+    return Expr(Term("where", (), (c, x, y), _origin()))
+
+
+def cast(x, dtype: str) -> Expr:
+    if dtype not in ir.DTYPES:
+        raise _fail(f"cast to unknown dtype {dtype!r}")
+    return Expr(Term("cast", (dtype,), (_wrap(x).term,), _origin()))
+
+
+def _reduce(reducer: str, builtin, args, kwargs):
+    if args and isinstance(args[0], Axis):
+        if len(args) != 2 or kwargs:
+            raise _fail(f"{reducer}(axis, value) takes exactly an axis and a value")
+        ax, body = args
+        b = _wrap(body)
+        if ax.name not in b.term.free:
+            raise _fail(f"{reducer} over {ax.name}: the value does not depend on {ax.name}")
+        return Expr(Term("red", (reducer, ax.name), (b.term,), _origin()))
+    if reducer != "sum" and len(args) == 2 and any(isinstance(a, (Expr, Dim)) for a in args):
+        return _wrap(args[0])._bin(reducer, args[1])
+    if any(isinstance(a, Expr) for a in args):
+        raise _fail(f"{reducer}(...) of spec values needs an axis first: {reducer}(j, value)")
+    return builtin(*args, **kwargs)
+
+
+def sum(*args, **kwargs):  # noqa: A001
+    """sum(axis, value): reduction. On plain Python values: the builtin."""
+    return _reduce("sum", builtins.sum, args, kwargs)
+
+
+def max(*args, **kwargs):  # noqa: A001
+    """max(axis, value): reduction; max(a, b): elementwise. On plain Python values: the builtin."""
+    return _reduce("max", builtins.max, args, kwargs)
+
+
+def min(*args, **kwargs):  # noqa: A001
+    return _reduce("min", builtins.min, args, kwargs)
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Run a spec file and return its Spec (the variable `spec`, or the only Spec it defines)."""
+    path = Path(path)
+    if not path.exists():
+        raise SpecError(f"{path}: no such spec file")
+    try:
+        scope = runpy.run_path(str(path), run_name="__neptune_spec__")
+    except SpecError:
+        raise
+    except SyntaxError as e:
+        raise SpecError(f"{path.name}:{e.lineno}: syntax error: {e.msg}") from e
+    except Exception as e:  # report the spec line that raised
+        tb = e.__traceback__
+        line = None
+        while tb is not None:
+            if Path(tb.tb_frame.f_code.co_filename).resolve() == path.resolve():
+                line = tb.tb_lineno
+            tb = tb.tb_next
+        raise SpecError(f"{path.name}:{line}: {type(e).__name__}: {e}") from e
+    specs = [v for v in scope.values() if isinstance(v, Spec)]
+    spec = scope.get("spec") if isinstance(scope.get("spec"), Spec) else (specs[0] if len(specs) == 1 else None)
+    if spec is None:
+        raise SpecError(f"{path.name}: defines no Spec (expected a variable `spec = Spec(...)`)")
+    if not spec.doc:
+        spec.doc = (scope.get("__doc__") or "").strip()
+    spec.validate()
+    return spec

@@ -1,0 +1,407 @@
+"""Reverse-mode differentiation of a spec: the backward pass as more specs, fused by the same e-graph.
+
+For a spec `out[O] = T` and the gradient of a loss with respect to `out` (an input `d_out[O]`), every floating
+input `x` read as `x[idx]` gets `dx[idx] += sum over the other axes of adj(x[idx])`, where the adjoint of each
+sub-term is the sum over its parents of the parent's adjoint times the local derivative (`derivatives.py`),
+summed over the parent's axes the child does not have. Nothing here knows about attention; for attention the
+result is FlashAttention's backward, found rather than written:
+
+* **Saved values.** A reduction of the forward whose free axes are among the output's (a row max, a row sum, the
+  output itself) is a tensor no larger than the output: the backward reads it (`saved`) instead of recomputing
+  it inside its own loops. Everything else (the scores, the probabilities) is recomputed from the inputs.
+* **Shift-invariant maxima.** A max (or min) that the output does not depend on -- it only shifts values that a
+  later division or subtraction removes, as the max of a stable softmax -- has adjoint exactly 0. That is proved
+  with sympy (`shift_invariant`), not assumed; a max that is not proved invariant gets its subgradient.
+* **Row statistics of the adjoint.** A reduction inside an adjoint whose free axes are among the output's (the
+  `D_i = sum_e dO * O` term) is computed once by its own kernel (`stats`) and read by the gradient kernels.
+* **Gradient kernels.** Each (input, index) pair is one spec whose output runs over the index's axes and whose
+  loop reduces over one further axis (dK and dV loop over the queries, dQ over the keys); more axes to sum
+  are summed on the host, and an index that is not a plain axis (a key head `h // G`, a bias table read at
+  `clamp(i - j)`) is scattered with an accumulating index_put on the host.
+
+This module builds specs only; `training.py` compiles and runs them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from neptune_eqsat import ir
+from neptune_eqsat.plan.derivatives import local_adjoints, plus, shift_invariant, total
+from neptune_eqsat.ir import Term
+from neptune_eqsat.plan.schedule import is_large
+from neptune_eqsat.frontend.spec import Extent, Spec, SpecError, Tensor
+
+FLOATS = ("f16", "bf16", "f32", "f64")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A tensor computed by its own spec before the gradient kernels run: a saved value of the forward or a
+    row statistic of the adjoint. Read back as `load(name, *axes)`."""
+    name: str
+    spec: Spec
+    axes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GradPart:
+    """One gradient kernel: its spec's output, summed over `host_sum` (trailing output axes), is scattered into
+    the gradient of `input` at `index` (terms of the output's remaining axes)."""
+    input: str
+    spec: Spec
+    index: tuple[Term, ...]
+    axes: tuple[str, ...]          # the index's axes; the output has those the gradient varies along
+    host_sum: tuple[str, ...] = ()
+
+    @property
+    def groups(self) -> tuple[tuple[int, int], ...] | None:
+        """Where the index reads dimension k at `axis // c` (a query head's key head h // G) and every other
+        dimension by its own axis, in order: the gradient is the output summed over groups of c along k, (k, c)
+        for each such dimension; None where the index is anything else (scattered with index_put)."""
+        if len(self.index) != len(self.axes):
+            return None
+        found = []
+        for k, (t, ax) in enumerate(zip(self.index, self.axes)):
+            if t == ir.axis(ax):
+                continue
+            if (t.op == "bin" and t.attrs[0] == "floordiv" and t.args[0] == ir.axis(ax) and t.args[1].op == "const"
+                    and t.args[1].attrs[0] == int(t.args[1].attrs[0]) >= 1):
+                found.append((k, int(t.args[1].attrs[0])))
+                continue
+            return None
+        return tuple(found)
+
+    @property
+    def direct(self) -> bool:
+        """The gradient is the output as it is (broadcast along axes it does not vary along): the index reads
+        each input dimension by its own axis, in order."""
+        return self.groups == ()
+
+
+@dataclass
+class Backward:
+    forward: Spec
+    grad_name: str                       # the input holding the output's gradient
+    out_name: str = ""                   # the input holding the forward's output
+    stages: list[Stage] = field(default_factory=list)   # in dependency order
+    parts: list[GradPart] = field(default_factory=list)
+    wrt: tuple[str, ...] = ()
+    notes: list[str] = field(default_factory=list)      # what the derivation decided, for --explain
+
+    def explain(self) -> list[str]:
+        lines = [f"backward of {self.forward.name}: gradients of {', '.join(self.wrt)}"]
+        lines += [f"  {n}" for n in self.notes]
+        for s in self.stages:
+            lines.append(f"  stage {s.name}[{', '.join(s.axes)}] = {ir.show(s.spec.output_term)}")
+        for p in self.parts:
+            index = ", ".join(ir.show(t) for t in p.index)
+            where = "" if p.direct else f" summed in groups at [{index}]" if p.groups else f" scattered at [{index}]"
+            summed = f", host sum over {', '.join(p.host_sum)}" if p.host_sum else ""
+            lines.append(f"  d{p.input}{where}{summed}: {p.spec.name} = {ir.show(p.spec.output_term)}")
+        return lines
+
+
+def differentiate(spec: Spec, wrt: tuple[str, ...] | None = None) -> Backward:
+    """The backward pass of `spec` with respect to the inputs `wrt` (default: every floating input)."""
+    spec.validate()
+    out_axes = spec.output_axes
+    as_value = _read_as_value(spec.output_term)
+    floats = tuple(n for n, t in spec.inputs.items() if t.dtype in FLOATS and n in as_value)
+    wrt = floats if wrt is None else tuple(wrt)
+    for n in wrt:
+        if n not in spec.inputs:
+            raise SpecError(f"spec {spec.name}: no input {n} to differentiate with respect to")
+        if spec.inputs[n].dtype not in FLOATS:
+            raise SpecError(f"spec {spec.name}: input {n} is {spec.inputs[n].dtype}, not differentiable")
+    bw = Backward(spec, _fresh(spec, f"d_{spec.output_name}"), wrt=wrt)
+    T = spec.output_term
+    grad = ir.load(bw.grad_name, *(ir.axis(a) for a in out_axes))
+    extra = {bw.grad_name: _tensor_of(spec, out_axes, spec.output_dtype or "f32")}
+
+    # the output itself is read, never recomputed (a quotient's derivative is written with the quotient)
+    out_name = _fresh(spec, f"out_{spec.output_name}", extra)
+    extra[out_name] = _tensor_of(spec, out_axes, spec.output_dtype or "f32")
+    bw.out_name = out_name
+    saved = {T: ir.load(out_name, *(ir.axis(a) for a in out_axes))}
+    invariant = {r for r in ir.walk(T) if r.op == "red" and r.attrs[0] in ("max", "min") and shift_invariant(T, r)}
+    for r in invariant:
+        bw.notes.append(f"{ir.show(r)[:80]}: the output is invariant under a shift of it (proved): adjoint 0")
+    reads = _adjoints(spec, T, grad, invariant)
+    sites = [(t, cs) for t, cs in reads.items() if t.attrs[0] in wrt]
+    if not sites:
+        bw.notes.append("the output does not depend on the inputs differentiated")
+    stager = _Stager(spec, bw, extra, grad_name=bw.grad_name)
+    reduced = {t.attrs[1] for t in ir.walk(T) if ir.is_reduction(t)}
+    for load, contributions in sites:
+        for a in _by_axes(contributions):
+            a = stager.replace(ir.substitute(a, saved))
+            bw.parts.append(_grad_part(spec, load, a, extra, len(bw.parts), reduced))
+    return bw
+
+
+def _by_axes(contributions: list[Term]) -> list[Term]:
+    """Contributions with the same free axes added into one (one kernel each set of axes)."""
+    groups: dict[frozenset, Term] = {}
+    for c in contributions:
+        groups[c.free] = plus(groups[c.free], c) if c.free in groups else c
+    return list(groups.values())
+
+
+def _read_as_value(T: Term) -> set[str]:
+    """Inputs read somewhere other than inside an index (a label read only to index a row is not a value)."""
+    found: set[str] = set()
+
+    def go(x: Term) -> None:
+        if x.op == "load":
+            found.add(x.attrs[0])
+            return   # its index is not a value
+        for a in x.args:
+            go(a)
+    go(T)
+    return found
+
+
+def _adjoints(spec: Spec, T: Term, seed: Term, zero: set[Term]) -> dict[Term, list[Term]]:
+    """The contributions to the adjoint of every read of an input in T.
+
+    Parents are visited before their children (reverse post-order), so a term's adjoint is complete before it
+    is passed on. A contribution is summed down to the axes of the term it reaches -- over short axes at once
+    (dP = sum_e dO * V is a small contraction), while a long axis (a run-time size) stays an axis of the
+    contribution, to be summed by the loop of a gradient kernel or on the host: one kernel loops over one long
+    axis, so a slope's gradient (summed over the batch, the queries and the keys) cannot nest the batch's sum
+    inside the queries' loop. A term's adjoint is therefore kept as a sum of groups, one per set of long axes
+    still to sum, each passed on by linearity on its own."""
+    adj: dict[Term, dict[frozenset, Term]] = {T: {frozenset(): seed}}
+    reads: dict[Term, list[Term]] = {}
+    for t in reversed(ir.walk(T)):
+        groups = adj.get(t)
+        if not groups or t in zero or t.op == "load":
+            continue
+        bound = {x.attrs[1] for x in ir.walk(t) if ir.is_reduction(x)}
+        for pending, a in groups.items():
+            if pending & bound:   # an axis t reduces over cannot also be one still to sum: sum it now
+                a = total(a, t.free | (pending - bound))
+            for child, contribution in local_adjoints(t, a):
+                if contribution == ZERO:
+                    continue
+                if child.op == "load":
+                    reads.setdefault(child, []).append(contribution)
+                    continue
+                short = {x for x in contribution.free - child.free if not _is_long(spec, x)}
+                contribution = total(contribution, contribution.free - short)
+                key = frozenset(contribution.free - child.free)
+                into = adj.setdefault(child, {})
+                into[key] = plus(into[key], contribution) if key in into else contribution
+    return reads
+
+
+def _is_long(spec: Spec, ax: str) -> bool:
+    return is_large(spec.axes_[ax])
+
+
+ZERO = ir.const(0.0)
+
+
+class _Stager:
+    """Replaces each reduction no larger than the output (free axes among the output's) by a read of a stage
+    that computes it once: saved values of the forward (a row max, a row sum) and row statistics of the
+    adjoint (D_i = sum_e dO * O). A stage's own spec reads the stages inside it, so none is computed twice."""
+
+    def __init__(self, spec: Spec, bw: Backward, extra: dict, grad_name: str):
+        self.spec, self.bw, self.extra, self.grad_name = spec, bw, extra, grad_name
+        self.out_axes = set(spec.output_axes)
+        self.done: dict[Term, Term] = {}
+
+    def replace(self, t: Term) -> Term:
+        if t.op == "red" and t.free <= self.out_axes:
+            return self.stage(t)
+        if not t.args:
+            return t
+        return Term(t.op, t.attrs, tuple(self.replace(a) for a in t.args), t.origin)
+
+    def stage(self, r: Term) -> Term:
+        if r not in self.done:
+            inner = Term(r.op, r.attrs, (self.replace(r.args[0]),), r.origin)
+            axes = tuple(a for a in self.spec.output_axes if a in r.free)
+            reads_grad = any(x.op == "load" and x.attrs[0] == self.grad_name for x in ir.walk(inner))
+            name = _fresh(self.spec, f"{'stat' if reads_grad else 'saved'}{len(self.bw.stages)}", self.extra)
+            self.bw.stages.append(Stage(name, _sub_spec(self.spec, name, inner, axes, self.extra), axes))
+            self.extra[name] = _tensor_of(self.spec, axes, "f32")
+            what = "a row statistic of the adjoint" if reads_grad else "a value of the forward, saved"
+            self.bw.notes.append(f"{name}[{', '.join(axes)}] = {ir.show(r)[:90]}: {what}, computed once")
+            self.done[r] = ir.load(name, *(ir.axis(a) for a in axes))
+        return self.done[r]
+
+
+def _grad_part(spec: Spec, load: Term, a: Term, extra: dict, k: int, reduced: set[str]) -> GradPart:
+    """The kernel of one read of an input: output over the axes of its index, reducing over the rest (first
+    over an axis in `reduced`, the forward's reduction axes)."""
+    name = load.attrs[0]
+    index = tuple(_plain(t) for t in load.args)
+    keep: list[str] = []
+    for t in index:
+        keep += [x for x in _axes_in_order(t) if x not in keep]
+    a = total(a, frozenset(x for x in a.free if x in keep or _is_long(spec, x)))   # short axes: inside
+    # the loop: an axis the forward reduces over where there is one (the keys for a slope's gradient, as the
+    # forward's own loop), else the longest; the others are summed on the host
+    rest = sorted(a.free - set(keep), key=lambda x: (x not in reduced, -_typical(spec, x)))
+    if rest:
+        a = ir.red("sum", rest[0], a)
+    # the host's axes in the forward output's order, so the gradient kernel's rows are the forward's rows
+    host = tuple(sorted(rest[1:], key=lambda x: (spec.output_axes.index(x) if x in spec.output_axes else 99, x)))
+    # an axis the gradient does not vary along is not an output axis (no input might carry its size): the
+    # host broadcasts along it
+    out_axes = tuple(x for x in keep if x in a.free) + host
+    part_name = f"{spec.name}_d{name}{k}"
+    sub = _sub_spec(spec, part_name, a, out_axes, extra)
+    return GradPart(name, sub, tuple(index), tuple(keep), host)
+
+
+SIXTEEN = ("f16", "bf16")
+
+
+def _products(t: Term, dtypes: dict[str, str]) -> Term:
+    """Sums of products written as matrix products: factors that do not vary along the summed axis move out
+    (sum_e (dO / L) * V = (sum_e dO * V) / L; constants likewise), and where one of the two operands left is a
+    16-bit tensor the other is rounded to its dtype, as the forward rounds its probabilities before P V: the
+    adjoint's dS and P / L meet dO, K and Q on the tensor cores in 16 bits, accumulating in fp32."""
+    memo: dict[Term, Term] = {}
+
+    def go(x: Term) -> Term:
+        if x in memo:
+            return memo[x]
+        y = Term(x.op, x.attrs, tuple(go(a) for a in x.args), x.origin) if x.args else x
+        if y.op == "red" and y.attrs[0] == "sum":
+            y = _as_product(y, dtypes)
+        memo[x] = y
+        return y
+    return go(t)
+
+
+def _as_product(r: Term, dtypes: dict[str, str]) -> Term:
+    ax = r.attrs[1]
+    num, den = _factors(r.args[0])
+    inner = [f for f in num if ax in f.free]
+    if len(inner) < 2:
+        return r
+    outer = [f for f in num if ax not in f.free]
+    inner_den = [f for f in den if ax in f.free]
+    outer_den = [f for f in den if ax not in f.free]
+    wide = next((f for f in inner if _sixteen(f, dtypes)), None)
+    at = inner.index(wide) if wide is not None else 0
+    first, rest = inner[at], inner[:at] + inner[at + 1:]   # x * x: the same term twice
+    second = _product(rest)
+    for d in inner_den:
+        second = ir.bin("div", second, d)
+    dtype = _sixteen(first, dtypes)
+    if dtype and _sixteen(second, dtypes) != dtype:
+        second = _rounded(second, dtype, dtypes)
+    out = Term("red", r.attrs, (ir.bin("mul", first, second),), r.origin)
+    for f in outer:
+        out = ir.bin("mul", out, f)
+    for d in outer_den:
+        out = ir.bin("div", out, d)
+    return out
+
+
+def _rounded(t: Term, dtype: str, dtypes: dict[str, str]) -> Term:
+    """t rounded to `dtype` factor by factor: a cast of a product is the same value, but the algebra rules may
+    move such a cast onto one factor (cast(a * b) = cast(a) * b), which leaves an fp32 operand."""
+    if t.op == "bin" and t.attrs[0] == "mul":
+        return ir.bin("mul", _rounded(t.args[0], dtype, dtypes), _rounded(t.args[1], dtype, dtypes))
+    return t if _sixteen(t, dtypes) == dtype else ir.cast(dtype, t)
+
+
+def _factors(t: Term) -> tuple[list[Term], list[Term]]:
+    """t as a product of numerator factors over denominator factors."""
+    if t.op == "bin" and t.attrs[0] == "mul":
+        (n1, d1), (n2, d2) = _factors(t.args[0]), _factors(t.args[1])
+        return n1 + n2, d1 + d2
+    if t.op == "bin" and t.attrs[0] == "div":
+        (n1, d1), (n2, d2) = _factors(t.args[0]), _factors(t.args[1])
+        return n1 + d2, d1 + n2
+    if t.op == "un" and t.attrs[0] == "neg":
+        n, d = _factors(t.args[0])
+        return [ir.const(-1.0)] + n, d
+    return [t], []
+
+
+def _product(fs: list[Term]) -> Term:
+    out = fs[0]
+    for f in fs[1:]:
+        out = ir.bin("mul", out, f)
+    return out
+
+
+def _sixteen(t: Term, dtypes: dict[str, str]) -> str | None:
+    """The 16-bit dtype of a tensor read or a cast, else None."""
+    if t.op == "load" and dtypes.get(t.attrs[0]) in SIXTEEN:
+        return dtypes[t.attrs[0]]
+    if t.op == "cast" and t.attrs[0] in SIXTEEN:
+        return t.attrs[0]
+    return None
+
+
+def _plain(t: Term) -> Term:
+    """An index without the identities that hide a plain axis: `h // 1`, `i + 0`, `j * 1`."""
+    while t.op == "bin" and t.args[1].op == "const" and (t.attrs[0], t.args[1].attrs[0]) in (
+            ("floordiv", 1.0), ("add", 0.0), ("sub", 0.0), ("mul", 1.0)):
+        t = t.args[0]
+    return t
+
+
+def _axes_in_order(t: Term) -> list[str]:
+    out: list[str] = []
+    for x in ir.walk(t):
+        if x.op == "axis" and x.attrs[0] not in out:
+            out.append(x.attrs[0])
+    return [x for x in out if x in t.free]
+
+
+def _typical(spec: Spec, ax: str) -> int:
+    ext = spec.axes_[ax]
+    return ext if isinstance(ext, int) else spec.typical.get(ext.name, 1024)
+
+
+def _fresh(spec: Spec, base: str, extra: dict | None = None) -> str:
+    name, k = base, 0
+    while name in spec.inputs or name in (extra or {}) or name in spec.axes_ or name in spec.dims_:
+        k += 1
+        name = f"{base}{k}"
+    return name
+
+
+def _tensor_of(spec: Spec, axes: tuple[str, ...], dtype: str) -> tuple[str, tuple[Extent, ...]]:
+    return dtype, tuple(spec.axes_[a] for a in axes)
+
+
+def _sub_spec(spec: Spec, name: str, term: Term, axes: tuple[str, ...], extra: dict) -> Spec:
+    """A spec over the same dims and axes reading the inputs `term` reads (the forward's, in their order, then
+    the backward's own), with output `term` over `axes` in fp32, its sums of products in matrix-product form."""
+    dtypes = {n: t.dtype for n, t in spec.inputs.items()} | {n: d for n, (d, _) in extra.items()}
+    term = _products(term, dtypes)
+    sub = Spec(f"{spec.name}_{name}" if not name.startswith(spec.name) else name)
+    read = {t.attrs[0] for t in ir.walk(term) if t.op == "load"}
+    for n, t in spec.inputs.items():
+        if n in read:
+            sub.inputs[n] = Tensor(sub, n, t.dtype, t.shape, t.positive, t.source)
+    for n, (dtype, shape) in extra.items():
+        if n in read:
+            sub.inputs[n] = Tensor(sub, n, dtype, shape, False, f"backward input {n}")
+    missing = read - set(sub.inputs)
+    if missing:
+        raise SpecError(f"spec {spec.name}: the backward reads unknown tensors {sorted(missing)}")
+    # only the axes and sizes this spec uses: a size no input carries could not be bound at run time
+    used = {x.attrs[0] for x in ir.walk(term) if x.op == "axis"} | set(axes) | \
+        {x.attrs[1] for x in ir.walk(term) if ir.is_reduction(x)}
+    sub.axes_ = {a: e for a, e in spec.axes_.items() if a in used}
+    sized = {e.name for e in sub.axes_.values() if not isinstance(e, int)} | \
+        {x.attrs[0] for x in ir.walk(term) if x.op == "dim"} | \
+        {e.name for t in sub.inputs.values() for e in t.shape if not isinstance(e, int)}
+    sub.dims_ = {n: d for n, d in spec.dims_.items() if n in sized}
+    sub.typical = {n: v for n, v in spec.typical.items() if n in sized}
+    sub.output_name, sub.output_dtype, sub.output_term, sub.output_axes = name, "f32", term, tuple(axes)
+    sub.doc = f"part of the backward pass of {spec.name}"
+    sub.validate()
+    return sub
+

@@ -1,0 +1,156 @@
+"""From an extracted term to the shape of its kernel: which axis is looped over, which are tiles, which are
+program ids, and in how many passes over the loop axis the reductions run.
+
+Reductions over the loop axis form passes: a plain reduction runs one pass after the reductions its body
+reads (it needs them finished); a rolled one runs in the same pass as the reductions it reads (its repair
+term fixes the partial result as they grow).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from neptune_eqsat import ir
+from neptune_eqsat.ir import Term
+from neptune_eqsat.frontend.spec import Spec, SpecError
+
+TILE_LIMIT = 256  # constant extents up to this are held whole in a tile
+
+
+@dataclass
+class Schedule:
+    spec: Spec
+    term: Term
+    loop: str | None                 # the axis the kernel loops over in blocks
+    row: str | None                  # output axis tiled across programs (BLOCK rows)
+    col: str | None                  # output axis held whole in a tile
+    grid: tuple[str, ...]            # output axes that are program ids
+    inner: tuple[str, ...]           # axes of in-tile reductions (whole in a tile)
+    reductions: list[Term] = field(default_factory=list)   # over the loop axis, dependencies first
+    pass_of: dict[Term, int] = field(default_factory=dict)
+    writes_loop: bool = False        # the output varies along the loop axis: written in a last pass
+    chunked: tuple[str, ...] = ()    # long axes of in-tile sums, each reduced in a loop of blocks of its own
+
+    @property
+    def split(self) -> bool:
+        """The loop axis is split into chunks run by separate programs (split-K), then combined."""
+        return any(r.op == "split" for r in self.reductions)
+
+    @property
+    def passes(self) -> int:
+        return 1 + max(self.pass_of.values()) if self.pass_of else 0
+
+    def in_pass(self, p: int) -> list[Term]:
+        return [r for r in self.reductions if self.pass_of[r] == p]
+
+    def extent(self, ax: str):
+        return self.spec.extent(ax)
+
+
+def is_large(ext) -> bool:
+    return not isinstance(ext, int) or ext > TILE_LIMIT
+
+
+def _top_refs(r: Term, loop: str) -> list[Term]:
+    out: list[Term] = []
+    for a in r.args:
+        stack = [a]
+        while stack:
+            x = stack.pop()
+            if ir.is_reduction(x) and x.attrs[1] == loop:
+                if x not in out:
+                    out.append(x)
+                continue
+            stack.extend(x.args)
+    return out
+
+
+def _apart(spec: Spec, term: Term, axes: set[str]) -> tuple[Spec, Term]:
+    """The term with each reduction over one of `axes` (output axes reduced within a tile, as in
+    `o / sqrt(sum(e, o * o))` over output axis e) reducing over a copy of its axis, and a copy of the spec that
+    has those axes: the kernel holds the free e and the bound e as two tiles, which need two names. The user's
+    spec is left as it is."""
+    copies = {ax: next(f"{ax}{n}" for n in range(2, 1 << 20) if f"{ax}{n}" not in spec.axes_) for ax in sorted(axes)}
+    spec = replace(spec, axes_={**spec.axes_, **{copy: spec.axes_[ax] for ax, copy in copies.items()}})
+    memo: dict[Term, Term] = {}
+
+    def go(x: Term) -> Term:
+        if x in memo:
+            return memo[x]
+        y = ir.Term(x.op, x.attrs, tuple(go(a) for a in x.args), x.origin) if x.args else x
+        if ir.is_reduction(y) and y.attrs[1] in axes:
+            ax, copy = y.attrs[1], copies[y.attrs[1]]
+            y = ir.Term(y.op, (y.attrs[0], copy) + y.attrs[2:],
+                        tuple(ir.substitute(a, {ir.axis(ax): ir.axis(copy)}) for a in y.args), y.origin)
+        memo[x] = y
+        return y
+
+    return spec, go(term)
+
+
+def _loop_axis(spec: Spec, reds: list[Term]) -> tuple[str | None, tuple[str, ...]]:
+    """The long axis the kernel loops over, and the other long axes, each reduced inside the loop in blocks of
+    its own (the hidden dim of a linear layer whose outputs a log-sum-exp over the vocabulary reads). An axis
+    is reduced that way when its reductions are plain sums, maxima or minima that read no reduction over the
+    loop axis; exactly one long axis must leave all the others so."""
+    long_axes = sorted({t.attrs[1] for t in reds if is_large(spec.extent(t.attrs[1]))})
+    if len(long_axes) <= 1:
+        return (long_axes[0] if long_axes else None), ()
+
+    def nested(ax: str, loop: str) -> bool:
+        return all(r.op == "red" and not any(ir.is_reduction(x) and x.attrs[1] == loop for x in ir.walk(r.args[0]))
+                   for r in reds if r.attrs[1] == ax)
+    loops = [a for a in long_axes if all(nested(b, a) for b in long_axes if b != a)]
+    if len(loops) != 1:
+        raise SpecError(f"spec {spec.name}: reductions over several long axes {long_axes}; one kernel loops over "
+                        f"one axis, and no one of them holds the others' reductions inside its loop")
+    return loops[0], tuple(a for a in long_axes if a != loops[0])
+
+
+def schedule(spec: Spec, term: Term) -> Schedule:
+    reds = [t for t in ir.walk(term) if ir.is_reduction(t)]
+    shadowed = {t.attrs[1] for t in reds if t.attrs[1] in spec.output_axes and not is_large(spec.extent(t.attrs[1]))}
+    if shadowed:
+        spec, term = _apart(spec, term, shadowed)
+        reds = [t for t in ir.walk(term) if ir.is_reduction(t)]
+    loop, chunked = _loop_axis(spec, reds)
+    inner = tuple(sorted({t.attrs[1] for t in reds if t.attrs[1] != loop}))
+    out_axes = list(spec.output_axes)
+    col = None
+    if len(out_axes) > 1 and out_axes[-1] != loop and not is_large(spec.extent(out_axes[-1])):
+        col = out_axes.pop()
+    rest = [a for a in out_axes if a != loop]
+    row = None
+    for a in reversed(rest):
+        if is_large(spec.extent(a)):
+            row = a
+            break
+    if row is None and rest:
+        row = rest[-1]
+    grid = tuple(a for a in rest if a != row)
+    sched = Schedule(spec, term, loop, row, col, grid, inner, writes_loop=loop in spec.output_axes, chunked=chunked)
+    if loop is None:
+        return sched
+    loop_reds = [t for t in reds if t.attrs[1] == loop]
+    deps = {r: _top_refs(r, loop) for r in loop_reds}
+    order: list[Term] = []
+
+    def visit(r: Term, stack: tuple = ()) -> None:
+        if r in order:
+            return
+        if r in stack:
+            raise SpecError(f"spec {spec.name}: reductions over {loop} depend on each other in a cycle")
+        for d in deps[r]:
+            visit(d, stack + (r,))
+        order.append(r)
+        if r.op in ("roll", "split"):
+            sched.pass_of[r] = max((sched.pass_of[d] for d in deps[r]), default=0)
+        else:
+            sched.pass_of[r] = max((sched.pass_of[d] + 1 for d in deps[r]), default=0)
+
+    for r in loop_reds:
+        visit(r)
+    sched.reductions = order
+    kinds = {r.op == "split" for r in order}
+    if len(kinds) > 1:
+        raise SpecError(f"spec {spec.name}: some reductions over {loop} are split into chunks and some are not")
+    return sched

@@ -1,0 +1,140 @@
+"""Rules as data. A rule is a name, a family, a one-line meaning, the egglog commands it adds and its proof
+obligation. Identities are written once, as a pattern over an `ops` object, and become both the egglog
+rewrite (EggOps) and the sympy obligation (SymOps).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Callable
+
+import sympy as sp
+from egglog import Ruleset, eq, rule, ruleset, union, var
+
+from neptune_eqsat.ir import ops
+from neptune_eqsat.ir.eterm import ETerm
+from neptune_eqsat.proof.symbolic import SymOps, proves
+
+
+class EggOps:
+    """Builds e-graph patterns from rule patterns."""
+    def un(self, fn, a): return ETerm.un(fn, a)
+    def bin(self, fn, a, b): return ETerm.bin(fn, a, b)
+    def cast(self, dtype, a): return ETerm.cast(dtype, a)
+    def const(self, v): return ETerm.const(v)
+
+
+@dataclass
+class Rule:
+    name: str
+    family: str
+    meaning: str
+    egglog: Callable[[], list]                  # the commands this rule adds to its ruleset
+    obligation: Callable[[], tuple[str, bool]]  # (statement, proved)
+    # numeric check: values -> None when the rule holds there, else a description of the counterexample
+    numeric: Callable[[list[float]], str | None] | None = None
+    nvalues: int = 0
+    example: tuple[str, str] | None = None      # a tiny term before and after the rewrite
+
+    @cached_property
+    def proof(self) -> tuple[str, bool]:
+        return self.obligation()
+
+    def counterexample(self, examples: int = 200) -> str | None:
+        """Search random values with hypothesis; the shrunk counterexample, or None."""
+        if self.numeric is None:
+            return None
+        from hypothesis import HealthCheck, given, settings, strategies as st
+        found: list[str] = []
+        values = st.floats(-6, 6, allow_nan=False, allow_subnormal=False)
+
+        @settings(max_examples=examples, database=None, deadline=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))
+        @given(st.lists(values, min_size=self.nvalues, max_size=self.nvalues))
+        def holds(vals: list[float]) -> None:
+            bad = self.numeric(vals)
+            if bad is not None:
+                found.append(bad)
+                raise AssertionError(bad)
+
+        try:
+            holds()
+        except AssertionError:
+            return found[-1]
+        return None
+
+
+def close(x: float, y: float) -> bool:
+    """Equal up to rounding, with infinities and NaNs equal to themselves."""
+    if math.isnan(x) or math.isnan(y):
+        return math.isnan(x) and math.isnan(y)
+    if math.isinf(x) or math.isinf(y):
+        return x == y or (x * y > 0 and abs(x) > 1e300 and abs(y) > 1e300)
+    return abs(x - y) <= 1e-9 * max(1.0, abs(x), abs(y))
+
+
+class ShowOps:
+    """Renders rule patterns as text, for examples."""
+    def un(self, fn, a): return f"-{a}" if fn == "neg" else f"{fn}({a})"
+    def bin(self, fn, a, b):
+        sym = {"add": "+", "sub": "-", "mul": "*", "div": "/"}.get(fn)
+        return f"({a} {sym} {b})" if sym else f"{fn}({a}, {b})"
+    def cast(self, dtype, a): return f"cast({a}, {dtype})"
+    def const(self, v): return repr(v)
+
+
+class NumOps:
+    """Evaluates rule patterns on floats."""
+    UN = {name: op.python for name, op in ops.UN.items()}
+    BIN = {name: op.python for name, op in ops.BIN.items()}
+    REDUCE = {"sum": BIN["add"], "max": max, "min": min}   # a reducer's binary step
+
+    def un(self, fn, a): return self.UN[fn](a)
+    def bin(self, fn, a, b): return self.BIN[fn](a, b)
+    def cast(self, dtype, a): return a
+    def const(self, v): return v
+
+
+def evaluate_both(lhs: Callable, rhs: Callable):
+    """A numeric check of lhs = rhs: None where they agree (or are undefined), else the counterexample."""
+    def check(vals: list[float]) -> str | None:
+        try:
+            left, right = lhs(NumOps(), *vals), rhs(NumOps(), *vals)
+        except (ValueError, ZeroDivisionError, OverflowError):
+            return None
+        return None if close(left, right) else f"values {vals}: left {left!r} != right {right!r}"
+    return check
+
+
+def identity(name: str, family: str, meaning: str, lhs: Callable, rhs: Callable, nvars: int,
+             conditions: Callable | None = None) -> Rule:
+    """A rewrite lhs -> rhs whose obligation is lhs = rhs over the reals."""
+    letters = list("abcdefgh"[:nvars])
+
+    def build() -> list:
+        vs = [var(n, ETerm) for n in letters]
+        e = var("matched", ETerm)
+        conds = conditions(*vs) if conditions else ()
+        return [rule(eq(e).to(lhs(EggOps(), *vs)), *conds, name=name).then(union(e).with_(rhs(EggOps(), *vs)))]
+
+    def obligation() -> tuple[str, bool]:
+        syms = sp.symbols(letters, real=True)
+        left, right = lhs(SymOps(), *syms), rhs(SymOps(), *syms)
+        return f"{left} = {right}", proves(left, right)
+
+    names = ["x[i, j]", "m[i]", "v[j]", "w", "y", "z", "u", "t"][:nvars]
+    example = (lhs(ShowOps(), *names), rhs(ShowOps(), *names))
+    return Rule(name, family, meaning, build, obligation, evaluate_both(lhs, rhs), nvars, example)
+
+
+def make_ruleset(name: str, rules: list[Rule], extra: list | None = None) -> Ruleset:
+    """The egglog ruleset of a family: only the rules whose obligation is proved."""
+    rs = ruleset(name=name)
+    for r in rules:
+        if r.proof[1]:
+            for cmd in r.egglog():
+                rs.append(cmd)
+    for cmd in extra or []:
+        rs.append(cmd)
+    return rs

@@ -1,0 +1,1 @@
+"""Loading generated modules and running their kernels."""

@@ -1,0 +1,344 @@
+"""The launch runtime of the generated modules, copied into each of them (they import only torch and triton).
+
+Triton's per-call argument binding and specialization costs tens of microseconds, more than a short decode
+kernel runs. On the GPU a call is therefore recorded once per signature of its inputs (shapes, strides,
+dtypes, 16-byte alignment, device): the compiled kernels, their grids and integer arguments are the same for
+every call with that signature, so later calls replay the launches with only the tensors changed.
+"""
+import functools
+import weakref
+
+import torch
+import triton
+
+from neptune_eqsat.runtime.configs import split_count
+
+# ---- copied into every generated module from here on
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:   # a Triton without host tensor descriptors: kernels load and store through pointers
+    TensorDescriptor = None
+try:   # Gluon kernels take descriptors that also carry their shared-memory layout
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+except ImportError:
+    gl = GluonDescriptor = None
+
+_COMPILED = {}   # (kernel, grid, config, argument specialization) -> compiled kernel
+_REPLAYS = {}    # signature of the inputs -> replay of the recorded launches
+
+
+def _signature(*tensors):
+    return tuple((t.shape, t.stride(), t.dtype, t.data_ptr() % 16, t.device) for t in tensors)
+
+
+def _replay_enabled():
+    return getattr(triton, "knobs", None) is not None
+
+
+def _run(compiled, grid, stream, args):
+    """Launch a compiled kernel the way Triton does, including its launch hooks when a profiler set them."""
+    hooks = triton.knobs.runtime
+    enter = hooks.launch_enter_hook
+    meta = compiled.launch_metadata(grid, stream, *args) if enter is not None else None
+    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, meta, enter,
+                 hooks.launch_exit_hook, *args)
+
+
+class _Recording:
+    """The allocations and launches of one GPU call, for replay."""
+
+    def __init__(self, inputs):
+        self.buffers, self.allocs, self.launches = list(inputs), [], []
+
+    def empty(self, shape, dtype, device):
+        t = torch.empty(shape, device=device, dtype=dtype)
+        self.buffers.append(t)
+        self.allocs.append(("empty", (shape, dtype)))
+        return t
+
+    def tickets(self, t, count):
+        self.buffers.append(t)
+        self.allocs.append(("tickets", count))
+        return t
+
+    def constant(self, t):
+        """A tensor every replay reads as it is (a block table of the sizes only)."""
+        self.buffers.append(t)
+        self.allocs.append(("constant", t))
+        return t
+
+    def derived(self, build, tensors, t):
+        """A tensor each replay builds again, as build(*tensors), from the call's tensors (a block table of
+        their values)."""
+        slots = tuple(next(n for n, b in enumerate(self.buffers) if b is x) for x in tensors)
+        self.buffers.append(t)
+        self.allocs.append(("derived", (build, slots)))
+        return t
+
+    def launched(self, compiled, grid, args, constexprs):
+        """Keep the launch as its argument list with the places of its tensors and tensor descriptors, the
+        buffers they come from and the descriptors' block shapes (None for a bare tensor)."""
+        template = list(args) + list(constexprs)
+        tensors = []
+        for pos, a in enumerate(args):
+            described = _is_descriptor(a)
+            if described or isinstance(a, torch.Tensor):
+                base = a.base if described else a
+                slot = next(n for n, b in enumerate(self.buffers) if b is base)
+                tensors.append((pos, slot, (list(a.block_shape), getattr(a, "layout", None)) if described else None))
+                template[pos] = None
+        self.launches.append((compiled, grid, template, tuple(tensors)))
+
+    def replay(self, device, out):
+        allocs, launches = self.allocs, self.launches
+        out_slot = next(n for n, b in enumerate(self.buffers) if b is out)
+
+        def replay(*inputs):
+            stream = _current_stream(device)
+            bufs = list(inputs)
+            for kind, what in allocs:
+                if kind == "empty":
+                    bufs.append(torch.empty(what[0], device=device, dtype=what[1]))
+                elif kind == "tickets":
+                    bufs.append(_ticket_buffer(device, stream, what))
+                elif kind == "constant":
+                    bufs.append(what)
+                else:
+                    build, slots = what
+                    bufs.append(build(*(bufs[s] for s in slots)))
+            for compiled, grid, template, tensors in launches:
+                args = template.copy()
+                for pos, slot, described in tensors:   # same signature: the recorded layout takes a descriptor
+                    buf = bufs[slot]
+                    args[pos] = buf if described is None else _redescribe(buf, *described)
+                _run(compiled, grid, stream, args)
+            return bufs[out_slot]
+        return replay
+
+
+_TABLES = {}   # (builder, block sizes, sizes, device) -> (block table of a predicate of positions only, skewed)
+
+
+def _block_table(rec, build, consts, tensors):
+    """The key blocks each row block visits, and whether a few row blocks hold most of the work (None where it is
+    not read): built once per sizes when the mask reads positions only (reading the flag then is the only wait
+    for the GPU it costs), and again whenever the tensors it reads change."""
+    if not tensors:
+        key = (build, *consts)
+        hit = _TABLES.get(key)
+        if hit is None:
+            if len(_TABLES) > 256:
+                _TABLES.clear()
+            t = build(*consts)
+            hit = _TABLES[key] = (t, bool(t[-1].item()))
+        return (rec.constant(hit[0]) if rec is not None else hit[0]), hit[1]
+    rebuild = functools.partial(_derived_table, build, consts)
+    t = rebuild(*tensors)
+    return (rec.derived(rebuild, tensors, t) if rec is not None else t), None
+
+
+def _row_order(skewed, cfg, config):
+    """The row order of a listed mask's programs: the config's where it names one; across heads (2) where a
+    few row blocks hold most of the work, so they start first in every head; else the default."""
+    if config and "ROW_ORDER" in config or not skewed:
+        return cfg["ROW_ORDER"]
+    return 2
+
+
+_GRAPHS = {}   # (builder, sizes, the tensors' layouts) -> (CUDA graph, its input copies, its table)
+
+
+def _derived_table(build, consts, *tensors):
+    """build(*consts, *tensors), kept while those same tensors live unwritten (torch counts every in-place
+    write in a tensor's version; a write torch does not see, such as a custom kernel's, must bump it)."""
+    device = tensors[0].device
+    key = (build, *consts, *((t.shape, t.stride(), t.dtype, device) for t in tensors))
+    seen = _SEEN.get(key)
+    if seen is not None and all(ref() is t and t._version == version for (ref, version), t in zip(seen[0], tensors)):
+        return seen[1]   # the same tensors, not written to since (torch counts every in-place write)
+    table = _build_table(key, build, consts, tensors)
+    _SEEN[key] = ([(weakref.ref(t), t._version) for t in tensors], table)
+    return table
+
+
+_SEEN = {}   # the _GRAPHS key -> (weak refs to the tensors of the last build, their versions), its table
+
+
+def _build_table(key, build, consts, tensors):
+    """On the GPU the build's few dozen small operations run as one CUDA graph, captured on the first call and
+    replayed on copies of the tensors: the table of a call is ready before the kernel of the same stream
+    reads it, and the next build on that stream overwrites it only after."""
+    device = tensors[0].device
+    if device.type != "cuda":
+        return build(*consts, *tensors)
+    entry = _GRAPHS.get(key)
+    if entry is None:
+        inputs = [t.clone() for t in tensors]
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):   # once outside the capture: lazy initializations do not belong in it
+            build(*consts, *inputs)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            table = build(*consts, *inputs)
+        entry = _GRAPHS[key] = (graph, inputs, table)
+    graph, inputs, table = entry
+    for copy, t in zip(inputs, tensors):
+        copy.copy_(t)
+    graph.replay()
+    return table
+
+
+def _empty(rec, shape, dtype, device):
+    return rec.empty(shape, dtype, device) if rec is not None else torch.empty(shape, device=device, dtype=dtype)
+
+
+_TICKETS = {}    # (device, stream) -> int32 counters, all zero between calls
+
+
+def _ticket_buffer(device, stream, count):
+    """Zeroed counters for a split kernel's tiles. Every kernel leaves them zero again (the last program of a
+    tile resets its ticket), so one buffer per stream serves every call without clearing; kernels on other
+    streams may run at the same time, so they get their own."""
+    t = _TICKETS.get((device, stream))
+    if t is None or t.numel() < count:
+        t = _TICKETS[(device, stream)] = torch.zeros(max(count, 1024), device=device, dtype=torch.int32)
+    return t
+
+
+def _current_stream(device):
+    return triton.runtime.driver.active.get_current_stream(device.index) if device.type == "cuda" else 0
+
+
+def _tickets(rec, device, count):
+    stream = _current_stream(device)
+    t = _ticket_buffer(device, stream, count)
+    return rec.tickets(t, count) if rec is not None else t
+
+
+@functools.lru_cache(maxsize=None)
+def _copy_engine(device):
+    return device.type == "cpu" or torch.cuda.get_device_capability(device)[0] >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device):
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _program_slots(device):
+    return _sm_count(device) if device.type == "cuda" else 4
+
+
+_chunk_counts = functools.lru_cache(maxsize=4096)(split_count)
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_name(device):
+    return torch.cuda.get_device_name(device)
+
+
+@functools.lru_cache(maxsize=None)
+def _hopper(device):
+    return torch.cuda.get_device_capability(device)[0] == 9
+
+
+def _describable(x, block):
+    """Can the copy engine read or write x in blocks of `block`? Not on a GPU before Hopper, for an empty tensor,
+    the last dimension not contiguous, the base or another stride not 16-byte aligned, a row of a block under
+    16 bytes or a block side over 256."""
+    size = x.element_size()
+    return _copy_engine(x.device) and not (x.numel() == 0 or x.stride(-1) != 1 or x.data_ptr() % 16
+                                           or any(s * size % 16 for s in x.stride()[:-1]) or block[-1] * size < 16
+                                           or max(block) > 256)
+
+
+def _descriptor(x, block):
+    """x as the copy engine reads or writes it, in blocks of `block`; None where it cannot (see _describable, or
+    a Triton without host descriptors)."""
+    if TensorDescriptor is None or not _describable(x, block):
+        return None
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), block)
+
+
+def _gluon_descriptor(x, block):
+    """As _descriptor, for a Gluon kernel: with the swizzled shared-memory layout its block lands in."""
+    dtype = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(x.dtype)
+    if GluonDescriptor is None or dtype is None or not _describable(x, block):
+        return None
+    layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, dtype))
+    return GluonDescriptor(x, list(x.shape), list(x.stride()), block, layout)
+
+
+def _redescribe(x, block, layout):
+    if layout is None:
+        return TensorDescriptor(x, list(x.shape), list(x.stride()), block)
+    return GluonDescriptor(x, list(x.shape), list(x.stride()), block, layout)
+
+
+def _is_descriptor(a):
+    return any(c is not None and isinstance(a, c) for c in (TensorDescriptor, GluonDescriptor))
+
+
+def _specialization(a):
+    """What Triton specializes a kernel argument on: dtypes, 16-byte alignment, ints equal to 1, divisible by 16
+    or beyond 32 bits, a descriptor's block shape."""
+    if type(a) is int:
+        return a == 1, a % 16 == 0, -2**31 <= a < 2**31
+    if a is None or isinstance(a, float):
+        return a
+    if _is_descriptor(a):
+        return a.base.dtype, tuple(a.block_shape)
+    return a.dtype, a.data_ptr() % 16 == 0
+
+
+def _launch(rec, kernel, grid, args, cfg, constexprs):
+    """Launch a kernel; on the GPU keep the compiled kernel per argument specialization."""
+    first = args[0].base if _is_descriptor(args[0]) else args[0]
+    if first.device.type != "cuda" or not _replay_enabled():
+        _fitted(kernel, grid, args, cfg)
+        return
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    key = (kernel, grid, *cfg.items(), *constexprs, *map(_specialization, args))
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        compiled = _COMPILED[key] = _fitted(kernel, grid, args, cfg)
+    else:
+        _run(compiled, grid, _current_stream(first.device), list(args) + list(constexprs))
+    if rec is not None:
+        rec.launched(compiled, grid, args, constexprs)
+
+
+def _fitted(kernel, grid, args, cfg):
+    """Launch (compiling where needed) with cfg; where the kernel needs more shared memory than the GPU has
+    (each pipeline stage buffers its loads, and a tile gathered from a table is large), with fewer stages."""
+    while True:
+        try:
+            return kernel[grid](*args, **cfg)
+        except _OUT_OF_RESOURCES:
+            if cfg.get("num_stages", 1) <= 1:
+                raise
+            cfg = dict(cfg, num_stages=cfg["num_stages"] - 1)
+
+
+_OUT_OF_RESOURCES = getattr(getattr(getattr(triton, "runtime", None), "errors", None), "OutOfResources", ())
+
+
+def _bind(sizes, name, x, want, dtype, first_name, first):
+    """Check input `name` (its type, dtype, device and shape against the spec's) and read its run-time sizes."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype}, got {x.dtype}")
+    if x.device != first.device:
+        raise ValueError(f"{name}: on device {x.device}, but {first_name} is on {first.device}")
+    if x.dim() != len(want):
+        raise ValueError(f"{name}: expected {len(want)} dimensions {list(want)}, got shape {tuple(x.shape)}")
+    for pos, (w, got) in enumerate(zip(want, x.shape)):
+        if isinstance(w, int):
+            if w != got:
+                raise ValueError(f"{name}: dimension {pos} must be {w}, got {got}")
+        elif sizes.setdefault(w, got) != got:
+            raise ValueError(f"{name}: dimension {pos} is {w} = {got}, but another input has {w} = {sizes[w]}")
