@@ -129,7 +129,7 @@ def test_block_mask_for_other_lengths_is_refused():
 
 
 def test_kernel_options_are_accepted_with_one_warning():
-    q = k = v = torch.randn(1, 2, 20, 16).half()
+    q = k = v = torch.randn(1, 2, 20, 16).half().to(DEVICE)
     with pytest.warns(UserWarning, match="kernel_options"):
         flex_attention(q, k, v, kernel_options={"BLOCK_M": 64})
 
