@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from dataclasses import dataclass
 
 from neptune_eqsat import ir
 from neptune_eqsat.ir import ops
@@ -185,11 +186,8 @@ def _block_lines(w: GluonWriter, blk: str, masked: bool) -> list[str]:
 
 def eligible(sched: Schedule) -> str | None:
     """None when the schedule has a warp-specialized Gluon form, else why not."""
-    try:
-        gluon_source(sched, "probe")
-    except NotEligible as e:
-        return str(e)
-    return None
+    matched = match_warp_specialized(sched, "probe")
+    return matched if isinstance(matched, str) else None
 
 
 def _check_shape(sched: Schedule) -> None:
@@ -230,15 +228,38 @@ def tile_lines(row_blocks: str, grid_tiles: str, tiles: str, ordered: bool) -> l
             f"    pid_grid = tile // {row_blocks}"]
 
 
-def gluon_source(sched: Schedule, name: str) -> tuple[str, GluonWriter]:
-    """The Gluon kernel `{name}_gluon_kernel` of a qualifying schedule (raises NotEligible)."""
+@dataclass
+class WarpSpecialized:
+    """A schedule matched to the warp-specialized pattern. Its roles: a producer warpgroup copies the row tile
+    A once per tile and the key blocks B and V into a ring of stages; two consumer warpgroups, 64 rows each,
+    take turns issuing S = A B^T and O += P V on the tensor cores, and between the two do the per-element
+    work of a block (the writer's blocks, in S's layout) and repair O by a row factor."""
+    writer: GluonWriter
+    name: str
+    head: list[str]        # the tile a program runs, its grid indices and row range
+    rows: list[str]        # a consumer's rows
+    bounds: list[str]      # the key range of the tile (mask bounds)
+    tiles: str             # how many tiles there are
+    ordered: bool          # tiles are ordered by work (ORDER)
+    out: Val               # the output tile, in the epilogue
+    out_coords: list[str]
+
+
+def match_warp_specialized(sched: Schedule, name: str) -> WarpSpecialized | str:
+    """The schedule's roles in the warp-specialized pattern, or why it has none."""
+    try:
+        return _match(sched, name)
+    except NotEligible as e:
+        return str(e)
+
+
+def _match(sched: Schedule, name: str) -> WarpSpecialized:
 
     _check_shape(sched)
     if sched.chunked:
         raise NotEligible(f"the long axes {', '.join(sched.chunked)} are reduced in loops of their own")
     w = GluonWriter(sched, name)
     row, loop, col = sched.row, sched.loop, sched.col
-    inner = sched.inner[0]
     grows = mask_bounds(w, sched.reductions)
     # program p runs tiles p, p + programs, ...: one tile each where the launcher starts a program per tile, or
     # as many as fit on the GPU at once (persistent: a tile's first blocks load while the last one finishes)
@@ -278,7 +299,16 @@ def gluon_source(sched: Schedule, name: str) -> tuple[str, GluonWriter]:
     if out.axes != (row, col) or w.spec.output_dtype != w.dtype:
         raise NotEligible("the output is not a row x column tile of the operands' type (it leaves through A's buffer)")
     out_coords = [a if a in sched.grid else "0" for a in sched.spec.output_axes[:-2]] + [f"i_lo + ME * {ROWS}", "0"]
+    return WarpSpecialized(w, name, head, rows, bounds, tiles, ordered, out, out_coords)
 
+
+def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
+    """The Gluon kernel `{name}_gluon_kernel` of a matched schedule: producer, consumers and the kernel that
+    allocates their shared memory and starts them."""
+    w, name, head, rows, bounds, tiles, ordered, out, out_coords = (
+        m.writer, m.name, m.head, m.rows, m.bounds, m.tiles, m.ordered, m.out, m.out_coords)
+    sched = w.s
+    col, inner = sched.col, sched.inner[0]
     (a_param, a_coords, a_blocks), (b_param, b_coords, b_blocks), (v_param, v_coords, v_blocks) = (
         w.operands[k] for k in ("a", "b", "v"))
     dims = w.dims
@@ -395,3 +425,10 @@ def gluon_source(sched: Schedule, name: str) -> tuple[str, GluonWriter]:
     w.params, w.constexprs = params, consts
     w.out_block = ["1"] * (len(out_coords) - 2) + [str(ROWS), w.ext(col)]
     return src, w
+
+
+def gluon_source(sched: Schedule, name: str) -> tuple[str, GluonWriter]:
+    matched = match_warp_specialized(sched, name)
+    if isinstance(matched, str):
+        raise NotEligible(matched)
+    return render_warp_specialized(matched)
