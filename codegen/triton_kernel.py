@@ -4,6 +4,7 @@ partial-results kernel and the combine step as a tile function it calls."""
 from __future__ import annotations
 
 import textwrap
+from dataclasses import dataclass
 
 from neptune_eqsat import ir
 from neptune_eqsat.plan.schedule import Schedule
@@ -14,8 +15,55 @@ from .values import Context, Val
 from .loops import grid_index_lines, mask_bounds, pass_bounds, pass_table
 
 
+@dataclass
+class Pass:
+    """One pass over the loop axis: values read from reductions finished in earlier passes (`pre`, filled while
+    later code is emitted), the states' initial values, the key range, and the loops over key blocks."""
+    comment: str
+    pre: list[str]
+    init: list[str]
+    bounds: list[str]
+    loops: list[str]
+
+
+@dataclass
+class Kernel:
+    """A Triton kernel as data, drawn by `render`: its parameters and compile-time constants, the program's
+    head (program ids, offsets, row range), a prologue (values that do not vary along the loop axis), its
+    passes, and an epilogue that stores the output (or a split plan's partial results)."""
+    name: str
+    params: list[str]
+    constexprs: list[str]
+    unspecialized: list[str]   # sizes that only count programs: one compiled kernel serves every value
+    tile: bool                 # a function of (pid_row, pid_grid) that other kernels call
+    head: list[str]
+    prologue: list[str]
+    passes: list[Pass]
+    epilogue: list[str]
+
+
+def render(k: Kernel) -> str:
+    body = []
+    for p in k.passes:
+        body += [p.comment, "\n".join(p.pre) or "pass"] + p.init + p.bounds + p.loops
+    code = "\n".join(k.head + k.prologue) + "\n" + "\n".join(body + k.epilogue)
+    consts = [f"{c}: tl.constexpr" for c in k.constexprs]
+    sig = ",\n    ".join([", ".join(k.params[i:i + 6]) for i in range(0, len(k.params), 6)] + consts)
+    if k.tile:
+        return f"@triton.jit\ndef {k.name}_tile(\n    pid_row, pid_grid,\n    {sig},\n):\n" + textwrap.indent(code, "    ") + "\n"
+    return (f"{jit_decorator('triton', k.unspecialized)}\ndef {k.name}_kernel(\n    {sig},\n):\n"
+            + textwrap.indent(code, "    ") + "\n")
+
+
 def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, combine: KernelWriter | None = None,
                   tile: bool = False) -> tuple[str, KernelWriter]:
+    """The source of `triton_kernel` (rendered), and its writer."""
+    kernel, w = triton_kernel(sched, name, partials, combine=combine, tile=tile)
+    return render(kernel), w
+
+
+def triton_kernel(sched: Schedule, name: str, partials: list | None = None, *, combine: KernelWriter | None = None,
+                  tile: bool = False) -> tuple[Kernel, KernelWriter]:
     """The kernel of a schedule. With `partials` (a split plan's workspaces) it is the partial-results kernel:
     program axis 2 picks a chunk of the loop axis, and the split reductions' states are stored, not the output;
     with `combine` (the combine step's writer, emitted with tile=True) the last chunk program of each tile to
@@ -74,7 +122,7 @@ def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, c
         head += ["pid_chunk = tl.program_id(2)", "chunk_lo = pid_chunk * chunk_len",
                  f"chunk_hi = tl.minimum(chunk_lo + chunk_len, {w.ext(loop)})"]
 
-    body: list[str] = []
+    passes: list[Pass] = []
     done: set = set()
     even_used = False   # does a pass test EVEN_<loop> (listed masks, see below)
     for p in range(sched.passes):
@@ -115,19 +163,16 @@ def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, c
                                   ("full_hi", "hi", loops[0])):
                 loop_lines.append(f"for start in range({lo}, {hi}, {w.block(loop)}):")
                 loop_lines += ["    " + x for x in lines]
-        body += [f"# pass {p} over {loop}: " + ", ".join(ir.show(r)[:60] for r in reds)]
-        body += ["__PRE%d__" % p] + w.blocks[f"init{p}"] + bounds + loop_lines
+        passes.append(Pass(f"# pass {p} over {loop}: " + ", ".join(ir.show(r)[:60] for r in reds),
+                           w.blocks[f"pre{p}"], w.blocks[f"init{p}"], bounds, loop_lines))
         done |= set(reds)
 
     out_axes = {"out": spec.output_index or spec.output_axes}
     if partials:
-        body += ["# this chunk's partial results"] + _store_partials(w, partials)
+        epilogue = ["# this chunk's partial results"] + _store_partials(w, partials)
         out_axes = {**{p.name: ("chunk",) + p.axes for p in partials}, **(out_axes if combine else {})}
     else:
-        body += _store_output(w, sched, done)
-    text = "\n".join(body)
-    for p in range(sched.passes):
-        text = text.replace("__PRE%d__" % p, "\n".join(w.blocks[f"pre{p}"]) or "pass")
+        epilogue = _store_output(w, sched, done)
     inputs = list(spec.inputs)
     params = [f"{n}_ptr" for n in inputs + list(out_axes)]
     for n in inputs:
@@ -146,15 +191,10 @@ def kernel_source(sched: Schedule, name: str, partials: list | None = None, *, c
     if combine is not None:
         params += [p for p in combine.params if p not in params] + ["tickets_ptr"]
         w.constexprs += [f"COMBINE_{c}" for c in combine.constexprs] + ["COMBINE_IN_KERNEL"]
-        text += "\n" + "\n".join(_combine_in_kernel(w, combine))
+        epilogue += _combine_in_kernel(w, combine)
     w.params = params
-    consts = [f"{c}: tl.constexpr" for c in w.constexprs]
-    sig = ",\n    ".join([", ".join(params[i:i + 6]) for i in range(0, len(params), 6)] + consts)
-    code = "\n".join(head + w.blocks["prologue"]) + "\n" + text
-    if tile:
-        return (f"@triton.jit\ndef {name}_tile(\n    pid_row, pid_grid,\n    {sig},\n):\n"
-                + textwrap.indent(code, "    ") + "\n"), w
-    return f"{jit_decorator('triton', grid_sizes(w, params))}\ndef {name}_kernel(\n    {sig},\n):\n" + textwrap.indent(code, "    ") + "\n", w
+    return Kernel(name, params, list(w.constexprs), grid_sizes(w, params), tile, head, w.blocks["prologue"], passes,
+                  epilogue), w
 
 
 def _combine_in_kernel(w: KernelWriter, cw: KernelWriter) -> list[str]:
