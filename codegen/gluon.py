@@ -21,139 +21,16 @@ kernel.py cannot express it (Triton 3.6 specializes warps only on Blackwell).
 """
 from __future__ import annotations
 
-import re
 import textwrap
 from dataclasses import dataclass
 
-from neptune_eqsat import ir
-from neptune_eqsat.ir import ops
-from neptune_eqsat.ir import Term
 from neptune_eqsat.plan.schedule import Schedule
 
 from .blocks import table_predicate
+from .gluon_writer import CONSUMERS, GLUON_DTYPE, ROWS, GluonWriter, NotEligible
+from .kernel import grid_sizes, jit_decorator
 from .loops import grid_index_lines, mask_bounds, pass_bounds
-from .kernel import KernelWriter, grid_sizes, jit_decorator
-from .values import IDENTITY_CODE, Context, Val
-
-ROWS = 64                  # rows per consumer warpgroup: one m64 warpgroup product per block
-CONSUMERS = 2
-GLUON_DTYPE = {"f16": "gl.float16", "bf16": "gl.bfloat16"}
-
-
-class NotEligible(Exception):
-    """The schedule has no warp-specialized Gluon form; the message says why."""
-
-
-def gluonize(code: str) -> str:
-    """Triton-language code of elementwise work and row reductions as Gluon code (same names under gl)."""
-    return re.sub(r"\btl\.", "gl.", code.replace("tl.math.", "tl."))
-
-
-class GluonWriter(KernelWriter):
-    """KernelWriter whose per-element work lives in the layouts of a warpgroup's product tiles: (row, loop)
-    values in S, row vectors in S's rows, (row, col) values in O (the P V accumulator)."""
-    interpretable = False
-
-    def __init__(self, sched: Schedule, name: str):
-        super().__init__(sched, name)
-        self.tma = True
-        self.operands: dict[str, tuple[str, list[str], list[str]]] = {}   # role -> (param, coords, blocks)
-        self.dtype: str | None = None
-        self.product: Term | None = None        # the reduction over the loop axis that is a matrix product
-        self.p_tile: dict[str, str] = {}         # block -> P of that block (16-bit)
-        self.factor: dict[str, str | None] = {}  # block -> the product state's repair factor (row vector)
-        self.pointer_inputs: list[str] = []
-        self.indexing = False                     # emitting a block's coordinates (any axis may appear)
-
-    # ---- values ---------------------------------------------------------------------------------------------
-    def _emit(self, t: Term, prev: bool, blk: str) -> Val:
-        if (t.op == "axis" and t.attrs[0] in self.tile_axes and t.attrs[0] not in (self.row, self.loop)
-                and not self.indexing):
-            raise NotEligible(f"the per-element work reads axis {t.attrs[0]}, which only the matrix products hold")
-        gluon = ops.OPS[t.op][t.attrs[0]].gluon if t.op in ops.OPS else None
-        if gluon == ops.NO_GLUON:
-            raise NotEligible(f"{t.attrs[0]} has no Gluon lowering here")
-        if gluon is not None:   # a lowering of its own rather than the Triton one renamed (only unary ones have)
-            x = self.as_float(self.emit(t.args[0], prev))
-            return Val(self.put(blk, gluon.format(x.code)), x.axes, "f32")
-        return super()._emit(t, prev, blk)
-
-    def expand(self, v: Val, axes: tuple[str, ...]) -> str:
-        if self.col in axes and v.axes == (self.row,):   # a row vector (S's rows) meeting the accumulator (O)
-            return f"gl.convert_layout({v.code}, O_ROWS)[:, None]"
-        return super().expand(v, axes)
-
-    def load(self, t: Term, order: tuple[str, ...], blk: str) -> Val:
-        name = t.attrs[0]
-        dtype = self.spec.inputs[name].dtype
-        if not (t.free & set(self.tile_axes)):   # a value per program (a per-head slope): a pointer load
-            if name not in self.pointer_inputs:
-                self.pointer_inputs.append(name)
-            return super().load(t, order, blk)
-        if set(order) == {self.row, self.inner_axis()} and blk == "prologue":
-            role = "a"
-        elif set(order) == {self.loop, self.inner_axis()}:
-            role = "b"
-        elif set(order) == {self.loop, self.col}:
-            role = "v"
-        else:
-            raise NotEligible(f"input {name} is read as a {'x'.join(order)} tile, not as a matrix operand")
-        self.indexing = True
-        found = self.descriptor_block(name, t.args, order)
-        self.indexing = False
-        if found is None or dtype not in GLUON_DTYPE or self.dtype not in (None, dtype):
-            raise NotEligible(f"input {name} cannot move as one block of the copy engine in {GLUON_DTYPE}")
-        self.dtype = dtype
-        param, coords, blocks, _ = found
-        if self.operands.setdefault(role, (param, coords, blocks)) != (param, coords, blocks):
-            raise NotEligible(f"two different tensors are read as matrix operand {role}")
-        return Val(f"<{role}>", order, dtype)
-
-    def inner_axis(self) -> str | None:
-        return self.s.inner[0] if len(self.s.inner) == 1 else None
-
-    def inner_reduction(self, t: Term, prev: bool, blk: str) -> Val:
-        if t.attrs[0] != "sum" or not self.contraction(t.args[0], t.attrs[1]) or blk == "prologue":
-            raise NotEligible(f"{ir.show(t)[:60]} is not the per-block matrix product")
-        va, vb, x, y, _ = self.dot_operands(t.args[0], t.attrs[1], prev, zero_invalid=False)
-        if (va.code, vb.code, x, y) != ("<a>", "<b>", self.row, self.loop):
-            raise NotEligible(f"{ir.show(t)[:60]}: the per-block product must read two inputs as they are")
-        return Val("qk", (self.row, self.loop), "f32")
-
-    # ---- reductions over the loop axis ----------------------------------------------------------------------
-    def init_state(self, r: Term, block: str) -> None:
-        axes = self.state_axes(r)
-        if axes == (self.row, self.col) and r.attrs[0] == "sum" and self.contraction(r.args[0], r.attrs[1]):
-            if self.product is not None:
-                raise NotEligible("more than one matrix product over the loop axis")
-            self.product = r
-            self.state[r] = Val("acc", axes, "f32")
-            return
-        if axes != (self.row,):
-            raise NotEligible(f"{ir.show(r)[:60]}: a state over {axes}, not a row vector or the product")
-        var = self.fresh("r")
-        self.blocks[block].append(f"{var} = gl.full([{ROWS}], {IDENTITY_CODE[r.attrs[0]]}, gl.float32, S_ROWS)")
-        self.state[r] = Val(var, axes, "f32")
-
-    def update(self, r: Term) -> None:
-        if r is not self.product:
-            return super().update(r)
-        blk = self.ctx.body
-        va, vb, x, y, prec = self.dot_operands(r.args[0], r.attrs[1], False, zero_invalid=self.ctx.masked)
-        if vb.code != "<v>" or (x, y) != (self.row, self.col) or prec or va.dtype != self.dtype:
-            raise NotEligible(f"{ir.show(r)[:60]}: P V must multiply a 16-bit P by an input read as it is")
-        factor = None
-        if r.op == "roll":
-            rep = r.args[1]
-            parts = [a for a in rep.args if a.op != "acc"] if rep.op == "bin" and rep.attrs[0] == "mul" else []
-            if len(parts) != 1 or any(x.op == "acc" for x in ir.walk(parts[0])):
-                raise NotEligible(f"the repair {ir.show(rep)[:60]} is not a row factor times the state")
-            f = self.emit(parts[0])
-            if f.axes not in ((self.row,), ()):
-                raise NotEligible(f"the repair factor {ir.show(parts[0])[:60]} is not a row vector")
-            factor = f.code
-        self.p_tile[blk], self.factor[blk] = va.code, factor
-
+from .values import Context, Val
 
 # the consumers take turns issuing their products: consumer 0's turn t follows t turns of consumer 1, consumer
 # 1's turn t follows t + 1 of consumer 0 (a fresh mbarrier passes a wait on parity 1)
@@ -174,7 +51,7 @@ def _block_lines(w: GluonWriter, blk: str, masked: bool) -> list[str]:
         f"offs_{loop} = start + gl.arange(0, BLOCK_J, layout=S_COLS)"]
     if masked:
         lines.append(f"valid_{loop} = offs_{loop} < {w.ext(loop)}")
-    lines += [gluonize(x) for x in w.blocks[blk]]
+    lines += w.blocks[blk]
     lines += ["acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))",
               "mbarrier.arrive(kv_empty.index(prev_stage), count=1, pred=it > first)"]
     if w.factor[blk] is not None:
@@ -290,7 +167,7 @@ def _match(sched: Schedule, name: str) -> WarpSpecialized:
                              if f"{w.state[r].code}_prev" in used]
     if set(w.operands) != {"a", "b", "v"}:
         raise NotEligible("the matrix products do not read two inputs per block and one once")
-    bounds = [gluonize(x) for x in pass_bounds(w, 0, reds)]
+    bounds = pass_bounds(w, 0, reds)
     if w.blocks["pre0"]:
         raise NotEligible("values computed between passes")
 
@@ -355,9 +232,9 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
         "S_ROWS: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)",
         "S_COLS: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)",
         "O_ROWS: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)"]
-    tile_body = head + rows + [gluonize(x) for x in w.blocks["prologue"]] + bounds + [
+    tile_body = head + rows + w.blocks["prologue"] + bounds + [
         f"a_tile = a_smem.reshape([BLOCK_I, INNER]).slice(ME * {ROWS}, {ROWS})"] + [
-        gluonize(x) for x in w.blocks["init0"]] + [
+        *w.blocks["init0"]] + [
         f"acc = gl.zeros([{ROWS}, COLS], gl.float32, O_LAYOUT)",
         f"p16 = gl.zeros([{ROWS}, BLOCK_J], {dt}, P_LAYOUT)   # the first block's P V adds nothing",
         f"zeros_s = gl.zeros([{ROWS}, BLOCK_J], gl.float32, S_LAYOUT)",
@@ -379,7 +256,7 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
         "# the output leaves through this consumer's rows of A, which no product reads any more (storing it from",
         "# registers instead, with A freed after the last A B^T, ran slower on an H100: 0.85x cuDNN instead of",
         "# 0.90x at global S 1024, 0.87x instead of 0.93x at grouped-query S 1024)"]
-    tile_body += [gluonize(x) for x in w.blocks["epilogue"]] + [
+    tile_body += w.blocks["epilogue"] + [
         f"a_tile.store({out.code}.to({GLUON_DTYPE[w.spec.output_dtype]}))",
         "fence_async_shared()",
         f"tma.async_copy_shared_to_global(out_desc, [{', '.join(out_coords)}], "

@@ -21,7 +21,7 @@ from neptune_eqsat.frontend.spec import SpecError
 from . import masks
 from .loads import Loads
 from .tiles import TileReductions
-from .values import BINARY_CODE, BIT_OPS, TL_DTYPE, UNARY_CODE, Context, Val, nonnegative, pow2
+from .values import BIT_OPS, OP_CODE, Context, Val, dtype_code, nonnegative, pow2
 
 def jit_decorator(module: str, sizes: list[str]) -> str:
     """@triton.jit (or @gluon.jit) that compiles one kernel for every value of `sizes`: Triton would otherwise
@@ -39,6 +39,7 @@ def grid_sizes(w: KernelWriter, params: list[str]) -> list[str]:
 
 class KernelWriter(Loads, TileReductions):
     interpretable = True   # the kernel may run under Triton's interpreter (a Gluon kernel never does)
+    lang = "tl"            # the target's language module in the code emitted (Gluon's: gl)
 
     def __init__(self, sched: Schedule, name: str):
         self.s, self.spec, self.name = sched, sched.spec, name
@@ -123,7 +124,7 @@ class KernelWriter(Loads, TileReductions):
         return Val(f"({v.code} * 1.0)", v.axes, "f32") if v.dtype in ("int", "bool") else v
 
     def as_float(self, v: Val) -> Val:
-        return Val(f"{v.code}.to(tl.float32)", v.axes, "f32") if v.dtype in ("f16", "bf16") else v
+        return Val(f"{v.code}.to({self.lang}.float32)", v.axes, "f32") if v.dtype in ("f16", "bf16") else v
 
     def emit(self, t: Term, prev: bool = False) -> Val:
         where_ = self.home(t)
@@ -159,15 +160,15 @@ class KernelWriter(Loads, TileReductions):
         if op == "cast":
             x = self.emit(ar[0], prev)
             if ar[0].op == "const":   # a Python number has no .to
-                return Val(self.put(blk, f"tl.full([], {x.code}, {TL_DTYPE[at[0]]})"), (), at[0])
-            return Val(self.put(blk, f"{x.code}.to({TL_DTYPE[at[0]]})"), x.axes, at[0])
+                return Val(self.put(blk, f"{self.lang}.full([], {x.code}, {dtype_code(self.lang, at[0])})"), (), at[0])
+            return Val(self.put(blk, f"{x.code}.to({dtype_code(self.lang, at[0])})"), x.axes, at[0])
         if op == "un":
             x = self.emit(ar[0], prev)
             integral = ops.UN[at[0]].keeps_integer
             if not integral:
                 x = self.as_float(self.int_as_float(x))
             dt = "bool" if at[0] == "not" else ("int" if x.dtype == "int" and integral else "f32")
-            return Val(self.put(blk, UNARY_CODE[at[0]].format(x.code)), x.axes, dt)
+            return Val(self.put(blk, OP_CODE[self.lang]["un"][at[0]].format(x.code)), x.axes, dt)
         if op == "bin":
             # truncation already rounds down a nonnegative quotient: the usual case (h // G, i % W)
             truncates_down = nonnegative(ar[0]) and ar[1].op == "const" and ar[1].attrs[0] > 0
@@ -179,7 +180,7 @@ class KernelWriter(Loads, TileReductions):
             c, a, b = (self.emit(x, prev) for x in ar)
             axes = self.canon(set(c.axes) | set(a.axes) | set(b.axes))
             a, b = self.as_float(a), self.as_float(b)
-            code = f"tl.where({self.expand(c, axes)}, {self.expand(a, axes)}, {self.expand(b, axes)})"
+            code = f"{self.lang}.where({self.expand(c, axes)}, {self.expand(a, axes)}, {self.expand(b, axes)})"
             return Val(self.put(blk, code), axes, "f32")
         if op in ("red", "roll", "split"):
             if at[1] == self.loop:
@@ -195,13 +196,14 @@ class KernelWriter(Loads, TileReductions):
     def binary(self, fn: str, xs: list[Val], blk: str, truncates_down: bool = False) -> Val:
         axes = self.canon(set(xs[0].axes) | set(xs[1].axes))
         if fn in BIT_OPS:   # ids stored as floats (captured integer tensors) taken back to integers
-            xs = [x if x.dtype in ("int", "bool") else Val(f"({x.code}).to(tl.int32)", x.axes, "int") for x in xs]
+            xs = [x if x.dtype in ("int", "bool") else Val(f"({x.code}).to({self.lang}.int32)", x.axes, "int")
+                  for x in xs]
         ints = all(x.dtype in ("int", "bool") for x in xs)
         if ints and fn == "div":   # a true division of integers (h / 8): in fp32, like torch
             xs, ints = [self.int_as_float(xs[0]), xs[1]], False
         if not ints and fn not in ir.LOGIC:
             xs = [self.as_float(x) for x in xs]
-        code = BINARY_CODE[fn].format(*(self.expand(x, axes) for x in xs))
+        code = OP_CODE[self.lang]["bin"][fn].format(*(self.expand(x, axes) for x in xs))
         if fn in ("floordiv", "mod") and not (ints and truncates_down):   # torch floors, Triton truncates
             code = self.flooring(fn, [self.expand(x, axes) for x in xs], ints, blk if axes else None)
         dt = "bool" if fn in ir.COMPARE + ir.LOGIC else ("int" if ints else "f32")
@@ -214,15 +216,15 @@ class KernelWriter(Loads, TileReductions):
         zero (-7 // 2 = -3, -7 % 2 = -1 there, -4 and 1 in torch). Floats divide and take the floor."""
         a, b = xs
         if not ints:
-            q = f"tl.floor({a} / {b})"
+            q = f"{self.lang}.floor({a} / {b})"
             return q if fn == "floordiv" else f"({a} - {b} * {q})"
         if blk is not None:   # name the operands once: they appear several times below
             a, b = self.put(blk, a), self.put(blk, b)
         r = f"({a} % {b})"
         inexact = f"(({r} != 0) & (({r} < 0) != ({b} < 0)))"
         if fn == "mod":
-            return f"tl.where({inexact}, {r} + {b}, {r})"
-        return f"tl.where({inexact}, ({a} // {b}) - 1, {a} // {b})"
+            return f"{self.lang}.where({inexact}, {r} + {b}, {r})"
+        return f"{self.lang}.where({inexact}, ({a} // {b}) - 1, {a} // {b})"
 
     def ordered(self, t: Term, order: tuple[str, ...], prev: bool) -> Val:
         """t's tile in a given axis order (for dot operands)."""
@@ -231,4 +233,4 @@ class KernelWriter(Loads, TileReductions):
         v = self.emit(t, prev)
         if v.axes == order:
             return v
-        return Val(self.put(self.home(t), f"tl.trans({v.code})"), order, v.dtype)
+        return Val(self.put(self.home(t), f"{self.lang}.trans({v.code})"), order, v.dtype)

@@ -17,7 +17,8 @@ class Loads:
         for pos, idx in enumerate(t.args):
             iv = self.emit(idx)
             if iv.dtype not in ("int", "bool"):   # an index read from a tensor of floats (ids stored as floats)
-                iv = Val(self.put(blk, f"{iv.code}.to(tl.int32)") if iv.axes else f"({iv.code}).to(tl.int32)",
+                to_int = f"{iv.code}.to({self.lang}.int32)"
+                iv = Val(self.put(blk, to_int) if iv.axes else f"({iv.code}).to({self.lang}.int32)",
                          iv.axes, "int")
             parts.append(f"{self.expand(iv, order)} * {name}_s{pos}" if iv.axes else f"{iv.code} * {name}_s{pos}")
         checks = []
@@ -34,7 +35,7 @@ class Loads:
             # make room (the hint only reaches the load without pipelining: num_stages=1)
             hint = ', eviction_policy="evict_first" if STREAM else ""'
             self.streamed = True
-        pointer_load = f"tl.load({' + '.join(parts)}{mask}{hint})"
+        pointer_load = f"{self.lang}.load({' + '.join(parts)}{mask}{hint})"
         via_descriptor = self.descriptor_load(t, order) if self.tma else None
         if via_descriptor is None:
             var = self.put(blk, pointer_load, "ld")

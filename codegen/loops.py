@@ -19,7 +19,7 @@ def mask_bounds(w: KernelWriter, reds: list[ir.Term]):
     for extra in preds[1:]:
         both = ir.bin("and", both, extra)
     name = (lambda k: k[1] if k[0] == "dim" or k[1] in w.s.grid else f"offs_{k[1]}")
-    bounds = masks.key_bounds(both, w.row, w.loop, name, "i_lo", "i_hi", w.ext(w.loop))
+    bounds = masks.key_bounds(both, w.row, w.loop, name, "i_lo", "i_hi", w.ext(w.loop), w.lang)
     if bounds is not None and not (len(preds) == 1 and masks.skippable(reds, list(used), w.loop)):
         bounds.lo_any, bounds.hi_any, bounds.work_grows = "0", w.ext(w.loop), False
     return bounds
@@ -39,7 +39,7 @@ def pass_table(w: KernelWriter, p: int, reds: list[ir.Term]) -> blocks.BlockTabl
 
 def pass_bounds(w: KernelWriter, p: int, reds: list[ir.Term]) -> list[str]:
     """Lines computing lo, full_lo, full_hi, hi for pass p (see masks.py)."""
-    bj, n = w.block(w.loop), w.ext(w.loop)
+    bj, n, L = w.block(w.loop), w.ext(w.loop), w.lang
     bounds = mask_bounds(w, reds)
     lines = []
     if bounds is None and any(masks.mask_wheres(r, w.loop) for r in reds):
@@ -49,12 +49,12 @@ def pass_bounds(w: KernelWriter, p: int, reds: list[ir.Term]) -> list[str]:
         lines += ["lo = 0", f"hi = {n}", "full_lo = 0", f"full_hi = ({n} // {bj}) * {bj}"]
     else:
         lines += [f"lo = ({bounds.lo_any} // {bj}) * {bj}", f"hi = {bounds.hi_any}",
-                  f"full_lo = tl.minimum(tl.maximum((({bounds.lo_all} + {bj} - 1) // {bj}) * {bj}, lo), hi)",
-                  f"full_hi = tl.maximum(tl.minimum(({bounds.hi_all} // {bj}) * {bj}, hi), full_lo)"]
+                  f"full_lo = {L}.minimum({L}.maximum((({bounds.lo_all} + {bj} - 1) // {bj}) * {bj}, lo), hi)",
+                  f"full_hi = {L}.maximum({L}.minimum(({bounds.hi_all} // {bj}) * {bj}, hi), full_lo)"]
     if w.s.split:   # this program's chunk of the loop axis
-        lines += ["lo = tl.maximum(lo, chunk_lo)", "hi = tl.minimum(hi, chunk_hi)",
-                  "full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)",
-                  "full_hi = tl.maximum(tl.minimum(full_hi, hi), full_lo)"]
+        lines += [f"lo = {L}.maximum(lo, chunk_lo)", f"hi = {L}.minimum(hi, chunk_hi)",
+                  f"full_lo = {L}.minimum({L}.maximum(full_lo, lo), hi)",
+                  f"full_hi = {L}.maximum({L}.minimum(full_hi, hi), full_lo)"]
     return [f"{x}  # pass {p}" if i == 0 else x for i, x in enumerate(lines)]
 
 

@@ -99,8 +99,10 @@ class Bounds:
     work_grows: bool = False   # later row tiles see more keys (schedule them first)
 
 
-def key_bounds(pred: Term, row: str, loop: str, name, i_lo: str, i_hi: str, n: str) -> Bounds | None:
-    """Bounds of the loop axis from a predicate; `name(symbol)` gives the code of an axis or dim symbol."""
+def key_bounds(pred: Term, row: str, loop: str, name, i_lo: str, i_hi: str, n: str, lang: str = "tl"
+               ) -> Bounds | None:
+    """Bounds of the loop axis from a predicate; `name(symbol)` gives the code of an axis or dim symbol, `lang`
+    the language module the code calls (tl, or Gluon's gl)."""
     cons = constraints(pred)
     if cons is None:
         return None
@@ -143,7 +145,7 @@ def key_bounds(pred: Term, row: str, loop: str, name, i_lo: str, i_hi: str, n: s
     def fold(fn: str, xs: list[str]) -> str:
         out = xs[0]
         for x in xs[1:]:
-            out = f"tl.{fn}({out}, {x})"
+            out = f"{lang}.{fn}({out}, {x})"
         return out
     return Bounds(fold("maximum", lows_any), fold("minimum", highs_any), fold("maximum", lows_all),
                   fold("minimum", highs_all), upper_grows and not lower_grows)

@@ -7,10 +7,15 @@ from neptune_eqsat import ir
 from neptune_eqsat.frontend.spec import SpecError
 from neptune_eqsat.ir import Term
 
-from .values import IDENTITY_CODE, TL_DTYPE, Val, rounded_to
+from .values import IDENTITY_CODE, Val, dtype_code, rounded_to
 
 
 class TileReductions:
+    def combine_code(self, reducer: str) -> str:
+        """How two partial results of `reducer` combine, as a template of two operands."""
+        return {"sum": "{} + {}", "max": f"{self.lang}.maximum({{}}, {{}})",
+                "min": f"{self.lang}.minimum({{}}, {{}})"}[reducer]
+
     def contraction(self, body: Term, k: str):
         """(A, B, X, Y) when sum_k body is a matrix product A[X, k] @ B[k, Y] of tiles."""
         if body.op != "bin" or body.attrs[0] != "mul":
@@ -29,7 +34,8 @@ class TileReductions:
         a, b, x, y = self.contraction(body, k)
         va, vb = self.ordered(a, (x, k), prev), self.ordered(b, (k, y), prev)
         if zero_invalid:
-            va = Val(self.put(self.ctx.body, f"tl.where(valid_{k}[None, :], {va.code}, 0.0)"), va.axes, va.dtype)
+            va = Val(self.put(self.ctx.body, f"{self.lang}.where(valid_{k}[None, :], {va.code}, 0.0)"), va.axes,
+                     va.dtype)
         va, vb = self.rounded_product(a, va, vb, blk), self.rounded_product(b, vb, va, blk)
         if va.dtype != vb.dtype or va.dtype not in ("f16", "bf16"):
             va, vb = self.as_float(va), self.as_float(vb)
@@ -47,7 +53,7 @@ class TileReductions:
         product run in fp32."""
         if v.dtype == other.dtype or other.dtype not in ("f16", "bf16") or not rounded_to(t, other.dtype):
             return v
-        return Val(self.put(blk or self.ctx.body, f"{v.code}.to({TL_DTYPE[other.dtype]})"), v.axes, other.dtype)
+        return Val(self.put(blk or self.ctx.body, f"{v.code}.to({dtype_code(self.lang, other.dtype)})"), v.axes, other.dtype)
 
     def chunked_reduction(self, t: Term, prev: bool, blk: str) -> Val:
         """A reduction over a long in-tile axis k: a loop over blocks of k, each block reduced as a tile (a
@@ -57,21 +63,21 @@ class TileReductions:
             raise SpecError(f"{ir.show(t)[:100]}: a reduction over {k} inside another over {k}")
         inner = self.fresh("kloop")
         self.kblock[k] = inner
-        self.blocks[inner] += [f"offs_{k} = {k}_start + tl.arange(0, {self.block(k)})",
+        self.blocks[inner] += [f"offs_{k} = {k}_start + {self.lang}.arange(0, {self.block(k)})",
                                f"valid_{k} = offs_{k} < {self.ext(k)}"]
         acc = self.fresh("kacc")
         try:
             if reducer == "sum" and self.contraction(t.args[0], k):   # accumulated by the matrix units
                 va, vb, x, y, prec = self.dot_operands(t.args[0], k, prev, zero_invalid=False, blk=inner)
-                axes, step = (x, y), f"tl.dot({va.code}, {vb.code}, {acc}{prec})"
+                axes, step = (x, y), f"{self.lang}.dot({va.code}, {vb.code}, {acc}{prec})"
             else:
                 part = self.tile_reduction(t, prev, inner)
-                combine = {"sum": "{} + {}", "max": "tl.maximum({}, {})", "min": "tl.minimum({}, {})"}[reducer]
+                combine = self.combine_code(reducer)
                 axes, step = part.axes, combine.format(acc, part.code)
         finally:
             del self.kblock[k]
         shape = ", ".join(self.block(a) for a in axes)
-        self.blocks[blk] += [f"{acc} = tl.full([{shape}], {IDENTITY_CODE[reducer]}, tl.float32)",
+        self.blocks[blk] += [f"{acc} = {self.lang}.full([{shape}], {IDENTITY_CODE[reducer]}, {self.lang}.float32)",
                              f"for {k}_start in range(0, {self.ext(k)}, {self.block(k)}):"]
         self.blocks[blk] += ["    " + line for line in self.blocks.pop(inner)] + [f"    {acc} = {step}"]
         return self.reorder(Val(acc, axes, "f32"), blk)
@@ -86,13 +92,14 @@ class TileReductions:
         body = t.args[0]
         if reducer == "sum" and self.contraction(body, k):
             va, vb, x, y, prec = self.dot_operands(body, k, prev, zero_invalid=False, blk=blk)
-            v = Val(self.put(blk, f"tl.dot({va.code}, {vb.code}{prec})"), (x, y), "f32")
+            v = Val(self.put(blk, f"{self.lang}.dot({va.code}, {vb.code}{prec})"), (x, y), "f32")
             return self.reorder(v, blk)
         x = self.along(self.as_float(self.emit(body, prev)), k, blk)
         if self.padded(k):
-            x = Val(self.put(blk, f"tl.where({self.expand(Val(f'valid_{k}', (k,), 'bool'), x.axes)}, {x.code}, "
+            valid = self.expand(Val(f'valid_{k}', (k,), 'bool'), x.axes)
+            x = Val(self.put(blk, f"{self.lang}.where({valid}, {x.code}, "
                                   f"{IDENTITY_CODE[reducer]})"), x.axes, "f32")
-        fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[reducer]
+        fn = f"{self.lang}.{reducer}"
         rest = tuple(a for a in x.axes if a != k)
         return Val(self.put(blk, f"{fn}({x.code}, axis={x.axes.index(k)})"), rest, "f32")
 
@@ -105,14 +112,14 @@ class TileReductions:
         """x as a float tile over `axes` (a superset of its own)."""
         if x.axes == axes:
             return x
-        zeros = f"tl.zeros([{', '.join(self.block(a) for a in axes)}], tl.float32)"
+        zeros = f"{self.lang}.zeros([{', '.join(self.block(a) for a in axes)}], {self.lang}.float32)"
         return Val(self.put(blk, f"{self.expand(x, axes)} + {zeros}"), axes, "f32")
 
     def reorder(self, v: Val, blk: str) -> Val:
         want = self.canon(v.axes)
         if want == v.axes:
             return v
-        return Val(self.put(blk, f"tl.trans({v.code})"), want, v.dtype)
+        return Val(self.put(blk, f"{self.lang}.trans({v.code})"), want, v.dtype)
 
     # ---- reductions over the loop axis ----------------------------------------------------------------------
     def state_axes(self, r: Term) -> tuple[str, ...]:
@@ -122,7 +129,8 @@ class TileReductions:
         axes = self.state_axes(r)
         var = self.fresh("r")
         shape = ", ".join(self.block(a) for a in axes)
-        self.blocks[block].append(f"{var} = tl.full([{shape}], {IDENTITY_CODE[r.attrs[0]]}, tl.float32)"
+        L = self.lang
+        self.blocks[block].append(f"{var} = {L}.full([{shape}], {IDENTITY_CODE[r.attrs[0]]}, {L}.float32)"
                                   f"  # {ir.show(r)[:90]}")
         self.state[r] = Val(var, axes, "f32")
 
@@ -141,15 +149,16 @@ class TileReductions:
             va, vb, x, y, prec = self.dot_operands(body, k, False, zero_invalid=self.ctx.masked)
             if (x, y) != st.axes:
                 raise SpecError(f"{ir.show(r)}: product layout {(x, y)} does not match its result {st.axes}")
-            self.blocks[blk].append(f"{st.code} = tl.dot({va.code}, {vb.code}, {cur.code}{prec})")
+            self.blocks[blk].append(f"{st.code} = {self.lang}.dot({va.code}, {vb.code}, {cur.code}{prec})")
             return
         x = self.along(self.as_float(self.emit(body)), k, blk)
         if self.ctx.masked:
-            x = Val(self.put(blk, f"tl.where({self.expand(Val(f'valid_{k}', (k,), 'bool'), x.axes)}, {x.code}, "
+            valid = self.expand(Val(f'valid_{k}', (k,), 'bool'), x.axes)
+            x = Val(self.put(blk, f"{self.lang}.where({valid}, {x.code}, "
                                   f"{IDENTITY_CODE[reducer]})"), x.axes, "f32")
-        fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[reducer]
+        fn = f"{self.lang}.{reducer}"
         part = Val(f"{fn}({x.code}, axis={x.axes.index(k)})", tuple(a for a in x.axes if a != k), "f32")
         if part.axes != st.axes:
             raise SpecError(f"{ir.show(r)}: block result {part.axes} does not match its state {st.axes}")
-        combine = {"sum": "{} + {}", "max": "tl.maximum({}, {})", "min": "tl.minimum({}, {})"}[reducer]
+        combine = self.combine_code(reducer)
         self.blocks[blk].append(f"{st.code} = {combine.format(cur.code, part.code)}")

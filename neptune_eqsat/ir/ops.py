@@ -33,7 +33,7 @@ class Op:
     torch: Callable                 # (torch, *float64 tensors)
     numpy: Callable                 # (numpy, *float64 arrays)
     triton: str                     # expression template, operands as {0}, {1} (or {} in order)
-    gluon: str | None = None        # template where Gluon differs from the Triton one renamed (gluon.gluonize)
+    gluon: str | None = None        # template where Gluon differs from the Triton one in gl (codegen/values.py)
     work: float = 1.0               # relative cost per element, for extraction (extract.py)
     transcendental: bool = False    # runs on the special-function unit (cost.py)
     group: str = "unary"            # bin: "arith", "compare", "logic" or "integer"
