@@ -61,7 +61,8 @@ INTERPRETER_CONFIG = {cpu!r}
 # TUNED_FOR, the GPU the module was made for.
 TUNED = {tuned!r}
 TUNED_FOR = {tuned_for!r}
-# Inputs of forward in order: name -> (dtype, shape); a str in a shape is a size given at run time.
+# Inputs of forward in order, which it checks its arguments against: name -> (dtype, shape); a str in a
+# shape is a size given at run time.
 INPUTS = {inputs_table!r}
 
 
@@ -72,8 +73,7 @@ INPUTS = {inputs_table!r}
 {helpers}
 def _tuned_config(gpu_name, shape_bucket):
     """The tunables measured best on this GPU for this shape bucket, else those measured on TUNED_FOR."""
-    table = TUNED.get(gpu_name, {{}})
-    return table[shape_bucket] if shape_bucket in table else TUNED.get(TUNED_FOR, {{}}).get(shape_bucket, {{}})
+    return _measured_config(TUNED, TUNED_FOR, gpu_name, shape_bucket)
 
 
 def forward({args}, *, config=None):
@@ -83,16 +83,7 @@ def forward({args}, *, config=None):
         replay = _REPLAYS.get(key)
         if replay is not None:
             return replay({args})
-    sizes = {{}}
-{binds}
-    device = {first}.device
-    if device.type == "cpu" and not _INTERPRETED:
-        raise RuntimeError("CPU tensors run under Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
-    cfg = dict(INTERPRETER_CONFIG if device.type == "cpu" else CONFIG)
-    if device.type == "cuda":
-        cfg.update(_tuned_config(_gpu_name(device), bucket(sizes)))
-    cfg.update(config or {{}})
-    rec = _Recording(({args},)) if device.type == "cuda" and _replay_enabled() else None
+    sizes, device, cfg, rec = _setup(INPUTS, CONFIG, INTERPRETER_CONFIG, TUNED, TUNED_FOR, ({args},), config)
 {dims}
 {launch}
     if rec is not None:
@@ -242,11 +233,6 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
                 "    else:", f"        cfg = {{k: v for k, v in cfg.items() if k not in {('BACKEND',) + GLUON_KEYS!r}}}"] + [
                 "    " + x for x in launch[1:]]
 
-    def shape_code(shape) -> str:
-        return "(" + "".join((repr(s) if isinstance(s, int) else repr(s.name)) + ", " for s in shape).strip() + ")"
-
-    binds = "\n".join(f"    _bind(sizes, {n!r}, {n}, {shape_code(spec.inputs[n].shape)}, "
-                      f"{TORCH_DTYPE[spec.inputs[n].dtype]}, {inputs[0]!r}, {inputs[0]})" for n in inputs)
     gpu.update({k: v for k, v in (tuned or {}).items() if k in gpu})
     tuned_table = {name: {b: {k: v for k, v in c.items() if k in gpu} for b, c in sorted(table.items())}
                    for name, table in sorted((by_gpu or {}).items())}
@@ -263,7 +249,7 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
         plan=textwrap.indent(plan_text, "    "), plan_one=plan_text, name=name, gpu=gpu, cpu=cpu, kernels=kernels,
         helpers=helpers, runtime=_runtime_source(), tuned=tuned_table,
         tuned_for=tuned_for,
-        gluon_imports=gluon_imports, inputs_table=inputs_table, args=", ".join(inputs), first=inputs[0], binds=binds, dims=dims or "    pass",
+        gluon_imports=gluon_imports, inputs_table=inputs_table, args=", ".join(inputs), first=inputs[0], dims=dims or "    pass",
         launch="\n".join(launch), doc=f"{spec.name}: inputs {', '.join(inputs)}; returns {spec.output_name}.",
     )
 

@@ -3,15 +3,20 @@
 Triton's per-call argument binding and specialization costs tens of microseconds, more than a short decode
 kernel runs. On the GPU a call is therefore recorded once per signature of its inputs (shapes, strides,
 dtypes, 16-byte alignment, device): the compiled kernels, their grids and integer arguments are the same for
-every call with that signature, so later calls replay the launches with only the tensors changed.
+every call with that signature, so later calls replay the launches with only the tensors changed. Before its
+first launch a call that does not replay runs _setup, which reads the module's data (INPUTS, CONFIG,
+INTERPRETER_CONFIG, TUNED, TUNED_FOR) passed to it: the module's forward holds only its own launches.
 """
 import functools
+import os
 import weakref
 
 import torch
 import triton
 
-from neptune_eqsat.runtime.configs import split_count
+from neptune_eqsat.runtime.configs import bucket, split_count
+
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # a generated module sets it above its kernels
 
 # ---- copied into every generated module from here on
 try:
@@ -342,3 +347,38 @@ def _bind(sizes, name, x, want, dtype, first_name, first):
                 raise ValueError(f"{name}: dimension {pos} must be {w}, got {got}")
         elif sizes.setdefault(w, got) != got:
             raise ValueError(f"{name}: dimension {pos} is {w} = {got}, but another input has {w} = {sizes[w]}")
+
+
+def _bind_inputs(inputs, tensors):
+    """Check a call's tensors against the module's INPUTS table (name -> (dtype name, shape), in the order of
+    forward's arguments) and read the run-time sizes from their shapes."""
+    sizes = {}
+    first_name, first = next(iter(inputs)), tensors[0]
+    for (name, (dtype, shape)), x in zip(inputs.items(), tensors):
+        _bind(sizes, name, x, shape, getattr(torch, dtype), first_name, first)
+    return sizes
+
+
+def _measured_config(tuned, tuned_for, gpu_name, shape_bucket):
+    """The tunables measured best on this GPU for this shape bucket (`tuned`: GPU name -> shape bucket ->
+    config), else those measured on `tuned_for`, the GPU the module was made for."""
+    table = tuned.get(gpu_name, {})
+    return table[shape_bucket] if shape_bucket in table else tuned.get(tuned_for, {}).get(shape_bucket, {})
+
+
+def _setup(inputs, gpu_config, interpreter_config, tuned, tuned_for, tensors, config):
+    """What a call does before its launches, from the module's data (INPUTS, CONFIG, INTERPRETER_CONFIG, TUNED,
+    TUNED_FOR) and the call's tensors and config: check the inputs and read their sizes; choose the tunables
+    (on the GPU CONFIG with what was measured for its name and the call's shape bucket, on the CPU
+    INTERPRETER_CONFIG; the caller's config over either); on the GPU start the recording of its launches for
+    replay. Returns (sizes, device, cfg, rec)."""
+    sizes = _bind_inputs(inputs, tensors)
+    device = tensors[0].device
+    if device.type == "cpu" and not _INTERPRETED:
+        raise RuntimeError("CPU tensors run under Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
+    cfg = dict(interpreter_config if device.type == "cpu" else gpu_config)
+    if device.type == "cuda":
+        cfg.update(_measured_config(tuned, tuned_for, _gpu_name(device), bucket(sizes)))
+    cfg.update(config or {})
+    rec = _Recording(tensors) if device.type == "cuda" and _replay_enabled() else None
+    return sizes, device, cfg, rec
