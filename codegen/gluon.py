@@ -302,10 +302,3 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
     w.params, w.constexprs = params, consts
     w.out_block = ["1"] * (len(out_coords) - 2) + [str(ROWS), w.ext(col)]
     return src, w
-
-
-def gluon_source(sched: Schedule, name: str) -> tuple[str, GluonWriter]:
-    matched = match_warp_specialized(sched, name)
-    if isinstance(matched, str):
-        raise NotEligible(matched)
-    return render_warp_specialized(matched)

@@ -16,7 +16,8 @@ from neptune_eqsat.plan.schedule import Schedule
 from . import blocks
 from .defaults import (COMBINE_CPU, COMBINE_GPU, GLUON_CONFIG, SPLIT_KEYS, VECTOR_ROWS_CONFIG, default_blocks,
                        vector_rows, whole_row_lines)
-from .gluon import CONSUMERS, ROWS, GluonWriter, NotEligible, gluon_source
+from .gluon import WarpSpecialized, match_warp_specialized, render_warp_specialized
+from .gluon_writer import CONSUMERS, ROWS, GluonWriter
 from .kernel import KernelWriter, grid_sizes, jit_decorator
 from .triton_kernel import kernel_source
 
@@ -217,11 +218,9 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
             [f"    cfg[{c!r}] = int(bool(cfg[{c!r}]) and {w.ext(sched.loop)} % cfg['BLOCK_{sched.loop.upper()}'] == 0)"
              for c in even] + _descriptor_lines(w, "cfg") + _launch(w, grid, "cfg")
         helpers += blocks.helpers_source(w)
-        try:
-            gsrc, gw = gluon_source(sched, name)
-        except NotEligible:
-            pass
-        else:   # the warp-specialized Hopper kernel, where it can run; the Triton kernel otherwise
+        matched = match_warp_specialized(sched, name)
+        if isinstance(matched, WarpSpecialized):   # the Hopper kernel where it can run; the Triton one otherwise
+            gsrc, gw = render_warp_specialized(matched)
             kernels += "\n\n" + gsrc
             gluon_imports = GLUON_IMPORTS
             dims_used = list(dict.fromkeys(dims_used + gw.dims))
