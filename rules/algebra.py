@@ -7,7 +7,7 @@ from egglog import String, f64, ne, rule, union, var
 
 from neptune_eqsat.ir.eterm import AxisSet, ETerm, deps
 from neptune_eqsat.proof.symbolic import SymOps, proves
-from neptune_eqsat.proof.rulebook import Rule, identity, make_ruleset
+from neptune_eqsat.proof.rulebook import Rule, evaluate_both, identity, make_ruleset
 
 F = "algebra"
 
@@ -73,8 +73,16 @@ def _guarded_exp() -> list:
             .then(union(m).with_(ETerm.un("exp_or_zero", x)))]
 
 
+def _guarded_exp_obligation() -> tuple[str, bool]:
+    x, o = sp.Symbol("x", real=True), SymOps()
+    return ("finite_or_zero(exp(x)) = exp_or_zero(x) (the registry's forms; both 0 where exp overflows)",
+            proves(o.un("finite_or_zero", o.un("exp", x)), o.un("exp_or_zero", x)))
+
+
 RULES.append(Rule("guarded-exp", F, "finite_or_zero(exp(x)) = exp_or_zero(x): an exp whose overflow is caught "
-                  "cannot spoil a result", _guarded_exp, lambda: ("definition of exp_or_zero", True)))
+                  "cannot spoil a result", _guarded_exp, _guarded_exp_obligation,
+                  evaluate_both(lambda o, x: o.un("finite_or_zero", o.un("exp", x)),
+                                lambda o, x: o.un("exp_or_zero", x)), 1))
 
 
 def _div_by_constant() -> list:

@@ -23,7 +23,8 @@ C = ETerm.const
 a, b, x, p, m = (var(n, ETerm) for n in ("a", "b", "x", "p", "matched"))
 k, k2 = var("k", f64), var("k2", f64)
 ax = var("ax", String)
-sa, sb, sk, sk2, y1, y2 = sp.symbols("a b k k2 y1 y2", real=True)
+sa, sb, sc, sk, sk2, y1, y2 = sp.symbols("a b c k k2 y1 y2", real=True)
+sap = sp.Symbol("a'", real=True)
 kpos = sp.Symbol("k", positive=True)
 
 
@@ -33,6 +34,17 @@ def _rw(name: str, lhs, rhs, *conds):
 
 def _proved(statement: str, lhs, rhs):
     return lambda: (statement, proves(lhs, rhs))
+
+
+def _empty_guard_obligation() -> tuple[str, bool]:
+    """where(a == -inf, 0, a) * k = where(a*k == -inf, 0, a*k) for k > 0, over the reals and at a = -inf, +inf."""
+    def guarded(v, scale_inside: bool):
+        if scale_inside:
+            return sp.Piecewise((0, sp.Eq(v * kpos, -sp.oo)), (v * kpos, True))
+        return sp.Piecewise((0, sp.Eq(v, -sp.oo)), (v, True)) * kpos
+    finite = proves(guarded(sa, False), guarded(sa, True))
+    infinite = all(sp.simplify(guarded(v, False)) == sp.simplify(guarded(v, True)) for v in (-sp.oo, sp.oo))
+    return "where(a == -inf, 0, a)*k = where(a*k == -inf, 0, a*k), k > 0, a real or +-inf", finite and infinite
 
 
 def _tanh_as_logistic2(o, a):
@@ -68,7 +80,7 @@ RULES = [
          _proved("(a*k)*k2 = a*(k*k2)", (sa * sk) * sk2, sa * (sk * sk2))),
     Rule("constant-product", F, "k * k2 = (k*k2): constants multiply before the kernel runs",
          _rw("constant-product", ETerm.bin("mul", C(k), C(k2)), C(k * k2)),
-         lambda: ("k * k2 is one constant, computed (in f64) when the rule fires", True)),
+         _proved("k*k2 = (k*k2), one constant computed (in f64) when the rule fires", sk * sk2, sp.Mul(sk, sk2))),
     Rule("tanh-as-logistic2", F, "tanh(a) = 1 - 2 logistic2(a * 2 log2 e): one exp2 and a reciprocal, and the "
          "factor folds into the score's scale",
          _rw("tanh-as-logistic2", ETerm.un("tanh", a), _tanh_as_logistic2(EggOps(), a)),
@@ -88,18 +100,20 @@ RULES = [
     Rule("constant-into-mask", F, "where(p, a, k2) * k = where(p, a*k, k2*k): a masked value scales with it",
          _rw("constant-into-mask", ETerm.bin("mul", ETerm.where(p, a, C(k2)), C(k)),
              ETerm.where(p, ETerm.bin("mul", a, C(k)), C(k2 * k))),
-         lambda: ("where(p, a, k2)*k = where(p, a*k, k2*k): both branches scaled alike", True)),
+         _proved("where(c, a, k2)*k = where(c, a*k, k2*k)", sp.Piecewise((sa, sp.Ne(sc, 0)), (sk2, True)) * sk,
+                 sp.Piecewise((sa * sk, sp.Ne(sc, 0)), (sk2 * sk, True)))),
     Rule("constant-into-empty-guard", F, "where(a == -inf, 0, a) * k = where(a*k == -inf, 0, a*k) for k > 0",
          _rw("constant-into-empty-guard", ETerm.bin("mul", guard(a), C(k)), guard(ETerm.bin("mul", a, C(k))),
              k > f64(0.0)),
-         lambda: ("for finite k > 0: a*k = -inf exactly when a = -inf, and 0*k = 0", True)),
+         _empty_guard_obligation),
     Rule("max-push-positive-constant", F, "max_j(x) * k = max_j(x * k) for a constant k > 0",
          _rw("max-push-positive-constant", ETerm.bin("mul", ETerm.red("max", ax, x), C(k)),
              ETerm.red("max", ax, ETerm.bin("mul", x, C(k))), k > f64(0.0)),
          _proved("max(y1, y2)*k = max(y1*k, y2*k), k > 0", sp.Max(y1, y2) * kpos, sp.Max(y1 * kpos, y2 * kpos))),
     Rule("prev-of-scaled", F, "prev_j(a) * k = prev_j(a * k)",
          _rw("prev-of-scaled", ETerm.bin("mul", ETerm.prev(ax, a), C(k)), ETerm.prev(ax, ETerm.bin("mul", a, C(k)))),
-         lambda: ("prev_j is a substitution and k uses no reduction", True)),
+         _proved("prev_j(a)*k = prev_j(a*k): prev_j reads each running value as the block began (a -> a'), k "
+                 "reads none", sap * sk, (sa * sk).subs(sa, sap))),
 ]
 
 scalar = make_ruleset("scalar", RULES)
