@@ -157,6 +157,15 @@ class KernelWriter(Loads, TileReductions):
             return self.ctx.acc
         if op == "prev":
             return self.emit(ar[0], prev=True)
+        if op == "rename":   # the same tile with one axis under another name
+            v = self.emit(ar[0], prev)
+            axes = tuple(at[1] if a == at[0] else a for a in v.axes)
+            want = self.canon(set(axes))
+            if axes == want:
+                return Val(v.code, want, v.dtype)
+            if len(axes) == 2:
+                return Val(self.put(blk, f"{self.lang}.trans({v.code})"), want, v.dtype)
+            raise SpecError(f"cannot hold {ir.show(t)[:80]} in tile order {want}")
         if op == "cast":
             x = self.emit(ar[0], prev)
             if ar[0].op == "const":   # a Python number has no .to

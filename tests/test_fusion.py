@@ -215,7 +215,15 @@ def test_attention_variants_fuse_into_one_pass_and_match_float64(name, sizes):
     and compute what the spec says: both were refused with internal layout errors before."""
     result = compiled(str(SPECS / f"{name}.py"))[0]
     assert result.chosen.sched.passes == 1   # one pass over the keys (sigmoid attention needs no rolling)
+    if name == "attention_rmsnorm":   # the weighted values are summed once: the norm reads them renamed
+        assert [t.op for t in ir.walk(result.chosen.sched.term) if ir.is_reduction(t)].count("roll") == 2
     assert_close(str(SPECS / f"{name}.py"), sizes, seed=3)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_attention_rmsnorm_in_other_dtypes(tmp_path, dtype):
+    path = spec_variant(tmp_path, "attention_rmsnorm", {"f16": dtype})
+    assert_close(path, {"B": 1, "S": 21}, seed=4)
 
 
 def test_the_plan_does_not_depend_on_where_the_normalizer_is_written(tmp_path):

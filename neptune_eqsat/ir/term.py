@@ -71,6 +71,8 @@ class Term:
         inner = frozenset().union(*(a.free for a in self.args)) if self.args else frozenset()
         if self.op in ("red", "roll", "split"):
             return inner - {self.attrs[1]}
+        if self.op == "rename":   # the same value, one axis under another name (schedule.py)
+            return (inner - {self.attrs[0]}) | {self.attrs[1]}
         return inner
 
     @cached_property
@@ -185,6 +187,8 @@ def show(t: Term) -> str:
         return f"split_{at[0]}({at[1]} / {at[2]}, {show(ar[0])}, repair={show(ar[1])})"
     if op == "prev":
         return f"prev_{at[0]}({show(ar[0])})"
+    if op == "rename":
+        return f"rename({at[0]} -> {at[1]}, {show(ar[0])})"
     return f"{op}{at}{ar}"
 
 

@@ -73,14 +73,29 @@ def _apart(spec: Spec, term: Term, axes: set[str]) -> tuple[Spec, Term]:
     spec = replace(spec, axes_={**spec.axes_, **{copy: spec.axes_[ax] for ax, copy in copies.items()}})
     memo: dict[Term, Term] = {}
 
+    def relabel(x: Term, ax: str, copy: str, seen: dict[Term, Term]) -> Term:
+        """x with axis ax read as its copy. A reduction over a long axis (the loop's state, a whole loop of
+        work) is not computed again under the new name: it is the same tile, renamed (`rename`)."""
+        if x not in seen:
+            if ax not in x.free:
+                seen[x] = x
+            elif x.op == "axis":
+                seen[x] = ir.axis(copy)
+            elif ir.is_reduction(x) and is_large(spec.extent(x.attrs[1])):
+                seen[x] = ir.Term("rename", (ax, copy), (x,))
+            else:
+                seen[x] = ir.Term(x.op, x.attrs, tuple(relabel(a, ax, copy, seen) for a in x.args), x.origin)
+        return seen[x]
+
     def go(x: Term) -> Term:
         if x in memo:
             return memo[x]
         y = ir.Term(x.op, x.attrs, tuple(go(a) for a in x.args), x.origin) if x.args else x
         if ir.is_reduction(y) and y.attrs[1] in axes:
             ax, copy = y.attrs[1], copies[y.attrs[1]]
-            y = ir.Term(y.op, (y.attrs[0], copy) + y.attrs[2:],
-                        tuple(ir.substitute(a, {ir.axis(ax): ir.axis(copy)}) for a in y.args), y.origin)
+            renamed: dict[Term, Term] = {}
+            y = ir.Term(y.op, (y.attrs[0], copy) + y.attrs[2:], tuple(relabel(a, ax, copy, renamed) for a in y.args),
+                        y.origin)
         memo[x] = y
         return y
 
