@@ -202,7 +202,7 @@ ATEN = {
     "floor_divide": lambda a, b: _scalar(a) // b,
     "remainder": lambda a, b: _scalar(a) % b,
     "neg": lambda a: -_scalar(a),
-    "abs": S.abs, "exp": S.exp, "log": S.log, "tanh": S.tanh, "sqrt": S.sqrt, "exp2": _exp2,
+    "exp2": _exp2,
     "log2": lambda a: S.log(a) / LN2, "log10": lambda a: S.log(a) / math.log(10.0),
     "rsqrt": lambda a: 1.0 / S.sqrt(a), "reciprocal": lambda a: 1.0 / _scalar(a),
     "sigmoid": lambda a: 1.0 / (1.0 + S.exp(-_scalar(a))),
