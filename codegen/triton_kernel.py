@@ -11,7 +11,7 @@ from neptune_eqsat.plan.schedule import Schedule
 
 from . import blocks
 from .kernel import KernelWriter, grid_sizes, jit_decorator
-from .values import Context, Val
+from .values import Context, Val, dtype_code
 from .loops import grid_index_lines, mask_bounds, pass_bounds, pass_table
 
 
@@ -239,7 +239,7 @@ def _store_output(w: KernelWriter, sched: Schedule, done: set) -> list[str]:
         w.blocks["write"] += [f"offs_{loop} = start + tl.arange(0, {w.block(loop)})",
                               f"valid_{loop} = offs_{loop} < {w.ext(loop)}"]
     v = w.emit(sched.term)
-    dt = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32", "f64": "tl.float64"}[spec.output_dtype]
+    dt = dtype_code("tl", spec.output_dtype)
     shape = ", ".join(w.block(a) for a in out_tile)
     value = w.expand(w.as_float(v), out_tile)
     if set(v.axes) != set(out_tile):

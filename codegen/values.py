@@ -7,9 +7,7 @@ from dataclasses import dataclass, field
 from neptune_eqsat.ir import ops
 from neptune_eqsat.ir import Term
 
-TL_DTYPE = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32", "f64": "tl.float64"}
-UNARY_CODE = {name: op.triton for name, op in ops.UN.items()}
-BINARY_CODE = {name: op.triton for name, op in ops.BIN.items()}
+DTYPE_NAMES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64"}
 
 
 def _in_gluon(template: str) -> str:
@@ -19,14 +17,15 @@ def _in_gluon(template: str) -> str:
 
 # each target's lowering of every op of the registry: Gluon takes an op's own where the registry gives one
 OP_CODE = {
-    "tl": {"un": UNARY_CODE, "bin": BINARY_CODE},
+    "tl": {kind: {name: op.triton for name, op in table.items()} for kind, table in ops.OPS.items()},
     "gl": {kind: {name: op.gluon if op.gluon not in (None, ops.NO_GLUON) else _in_gluon(op.triton)
                   for name, op in table.items()} for kind, table in ops.OPS.items()},
 }
 
 
 def dtype_code(lang: str, dtype: str) -> str:
-    return TL_DTYPE[dtype].replace("tl.", f"{lang}.")
+    """A spec dtype in the target's language: dtype_code("tl", "bf16") is tl.bfloat16."""
+    return f"{lang}.{DTYPE_NAMES[dtype]}"
 BIT_OPS = ops.named("bin", bitwise=True)
 IDENTITY_CODE = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}
 
