@@ -22,14 +22,13 @@ from types import ModuleType
 import torch
 
 from neptune_eqsat.frontend.spec import Spec
+from neptune_eqsat.runtime.loader import import_file
 
 if "triton" not in sys.modules and "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     # no GPU: Triton can only interpret here, and it fixes that choice when it is first imported
     os.environ["TRITON_INTERPRET"] = "1"
 
 _MEMORY: dict[tuple, ModuleType] = {}
-
-
 _LOCK = threading.Lock()
 
 
@@ -66,11 +65,7 @@ def _load(source: str, key: str, interpret: bool) -> ModuleType:
     path = _store(source, key)
     name = f"neptune_flex_{key}_{'interpreted' if interpret else 'compiled'}"
     with triton_interpret(interpret):   # Triton decides interpreted or compiled when a kernel is defined
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    sys.modules[name] = module
-    return module
+        return import_file(path, name)
 
 
 @functools.lru_cache(maxsize=None)

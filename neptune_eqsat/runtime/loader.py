@@ -22,8 +22,13 @@ def load_module(source: str, name: str) -> ModuleType:
     mod_name = f"neptune_generated_{name}_{digest}"
     if mod_name in sys.modules:
         return sys.modules[mod_name]
-    spec = importlib.util.spec_from_file_location(mod_name, path)
+    return import_file(path, mod_name)
+
+
+def import_file(path: Path, name: str) -> ModuleType:
+    """Import the module at `path` as `name`; it is registered once it has run (a module that fails is not)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
     spec.loader.exec_module(module)
+    sys.modules[name] = module
     return module
