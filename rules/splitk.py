@@ -17,7 +17,7 @@ import functools
 import sympy as sp
 from egglog import String, eq, rule, union, var
 
-from neptune_eqsat.ir.eterm import ETerm, deps, free
+from neptune_eqsat.ir.eterm import ETerm, deps
 from neptune_eqsat.proof.symbolic import IDENTITY, REDUCER_OPS, RP, R, T, SymOps, derive_repair, proves, simplifies_to
 from neptune_eqsat.proof.rulebook import NumOps, Rule, close
 

@@ -9,7 +9,6 @@ from neptune_eqsat import ir
 from neptune_eqsat.compiler import optimize
 from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
 from neptune_eqsat.runtime.loader import load_module
-from neptune_eqsat.spec import load_spec
 
 from conftest import SPECS
 

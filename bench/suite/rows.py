@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path

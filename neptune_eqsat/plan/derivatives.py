@@ -3,13 +3,12 @@
 Each differentiable op declares, once in the op registry (ir/ops.py), the adjoint of each argument given the op's
 own value `t` and its adjoint `A` (a term): `exp` gives `A * t`, a quotient `a / b` gives `A / b` and
 `-A * t / b`. Writing a derivative with the op's own value lets the backward read a saved value (the output)
-instead of recomputing it. Ops whose value is
-an integer, a truth value or piecewise constant (comparisons, `floor`, bit operations) have none: their
-arguments get no gradient, as in torch. `tests/test_autodiff.py` checks every declared derivative against
+instead of recomputing it. Ops whose value is an integer, a truth value or piecewise constant (comparisons,
+`floor`, bit operations) are declared `flat`: their arguments get no gradient, as in torch; an op with neither
+is refused by name. `tests/test_autodiff.py` checks every declared derivative against
 sympy's `diff` of the op's sympy form.
 """
 from __future__ import annotations
-
 
 import sympy as sp
 
