@@ -4,7 +4,7 @@ They add no e-nodes; they are run to a fixpoint before every rewriting step.
 """
 from egglog import String, eq, f64, i64, rule, ruleset, set_, var
 
-from neptune_eqsat.ir.eterm import AxisSet, ETerm, deps, extent, free, nonpositive, whole_count
+from neptune_eqsat.ir.eterm import AxisSet, ETerm, deps, extent, free, nonpositive, running_max, whole_count
 
 analysis = ruleset(name="analysis")
 RULES: list = []  # no rewrites: nothing to prove
@@ -49,3 +49,11 @@ analysis.append(rule(e == ETerm.bin("mul", a, ETerm.const(v)), eq(nonpositive(a)
                 .then(set_(nonpositive(e)).to(1)))
 
 analysis.append(rule(e == ETerm.dim(n), eq(extent(j)).to(n)).then(set_(whole_count(e)).to(1)))
+
+# Maxima that are -inf while every element seen is -inf: a partial max in a rolled block or a split chunk, and
+# what the scalar rules make of one (a positive multiple, the value as a block began).
+for top in (ETerm.red("max", j, a), ETerm.roll("max", j, a, b), ETerm.split("max", j, n, a, b)):
+    analysis.append(rule(e == top).then(set_(running_max(e)).to(1)))
+analysis.append(rule(e == ETerm.bin("mul", a, ETerm.const(v)), eq(running_max(a)).to(i64(1)), v > 0.0)
+                .then(set_(running_max(e)).to(1)))
+analysis.append(rule(e == ETerm.prev(j, a), eq(running_max(a)).to(i64(1))).then(set_(running_max(e)).to(1)))

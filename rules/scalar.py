@@ -2,7 +2,8 @@
 
 exp(a) = exp2(a * log2 e); the factor then moves through differences, masks (where(p, a, -inf)), the
 empty-row guard where(m == -inf, 0, m), running maxima and prev, until it meets the score's scale and folds
-into one constant. tanh and the logistic function become logistic2(x) = 1 / (1 + 2^x) (one exp2 and one
+into one constant. A difference x - max_j x gets the guard too (guard-partial-max): the cost model prices the
+unguarded form as a risk in plans whose maxima are partial. tanh and the logistic function become logistic2(x) = 1 / (1 + 2^x) (one exp2 and one
 reciprocal, saturating to 0 or 1 instead of overflowing), whose argument's factor folds the same way, and a cap
 that multiplies tanh distributes over 1 - 2 logistic2. Each rule is proved; which forms win is the cost
 model's choice.
@@ -45,6 +46,16 @@ def _empty_guard_obligation() -> tuple[str, bool]:
     finite = proves(guarded(sa, False), guarded(sa, True))
     infinite = all(sp.simplify(guarded(v, False)) == sp.simplify(guarded(v, True)) for v in (-sp.oo, sp.oo))
     return "where(a == -inf, 0, a)*k = where(a*k == -inf, 0, a*k), k > 0, a real or +-inf", finite and infinite
+
+
+def _partial_max_guard_obligation() -> tuple[str, bool]:
+    """x - max_j x = x - where(max_j x == -inf, 0, max_j x): equal for a finite max; where the max is -inf every
+    x is -inf, and the written form is undefined (-inf - -inf) while the guarded one is -inf (exp of it 0)."""
+    guarded = lambda mx: sp.Piecewise((0, sp.Eq(mx, -sp.oo)), (mx, True))
+    finite = proves(sa - sb, sa - guarded(sb))
+    empty = (-sp.oo - (-sp.oo)) is sp.nan and sp.simplify(-sp.oo - guarded(-sp.oo)) == -sp.oo
+    return ("x - m = x - where(m == -inf, 0, m) for m = max_j x finite; at m = -inf (every x -inf) the left "
+            "side is undefined and the right -inf"), bool(finite and empty)
 
 
 def _tanh_as_logistic2(o, a):
@@ -106,6 +117,12 @@ RULES = [
          _rw("constant-into-empty-guard", ETerm.bin("mul", guard(a), C(k)), guard(ETerm.bin("mul", a, C(k))),
              k > f64(0.0)),
          _empty_guard_obligation),
+    Rule("guard-partial-max", F, "x - max_j x = x - where(max_j x == -inf, 0, max_j x): a rolled block or a "
+         "split chunk whose elements are all -inf has a partial max of -inf, and exp(x - max) there must be 0, "
+         "not NaN",
+         _rw("guard-partial-max", ETerm.bin("sub", x, ETerm.red("max", ax, x)),
+             ETerm.bin("sub", x, guard(ETerm.red("max", ax, x)))),
+         _partial_max_guard_obligation),
     Rule("max-push-positive-constant", F, "max_j(x) * k = max_j(x * k) for a constant k > 0",
          _rw("max-push-positive-constant", ETerm.bin("mul", ETerm.red("max", ax, x), C(k)),
              ETerm.red("max", ax, ETerm.bin("mul", x, C(k))), k > f64(0.0)),

@@ -67,6 +67,12 @@ def extent(axis: StringLike) -> String:
 
 
 @function(merge=lambda old, new: old.max(new))
+def running_max(e: ETerm) -> i64:
+    """1 for a maximum over an axis (or a positive multiple of one): -inf until an element above -inf is seen,
+    so x - max is NaN in a block or chunk whose elements are all -inf; read by the cost model."""
+
+
+@function(merge=lambda old, new: old.max(new))
 def whole_count(e: ETerm) -> i64:
     """1 for a dim some axis runs over: dividing a running sum over that axis by it gives the whole row's
     mean only once the row is done; read by the cost model."""

@@ -24,7 +24,7 @@ from egglog import EGraph, get_callable_args, get_callable_fn, get_literal_value
 from neptune_eqsat import ir
 from neptune_eqsat.ir import ops
 from neptune_eqsat.plan.cost import PlanCost, plan_cost
-from neptune_eqsat.ir.eterm import ETerm, deps, free, nonpositive, whole_count
+from neptune_eqsat.ir.eterm import ETerm, deps, free, nonpositive, running_max, whole_count
 from neptune_eqsat.ir import Term
 from neptune_eqsat.plan.layout import pack_group_rows
 from neptune_eqsat.plan.plan import Plan
@@ -103,9 +103,12 @@ class Analyses:
                 fn = get_literal_value(args[0])
                 own *= OP_WORK.get(fn, 1.0)
                 risks = int(fn in ("exp", "exp2") and not self.nonpositive(args[1]))
-                # a running sum over the whole row's count: a repair across it cancels (the sum over the
-                # prefix's own count, a mean of the prefix, does not); only a risk in a pass that repairs
-                fixed = int(fn == "div" and self.flag(whole_count, args[2]))
+                # risks only in a pass that repairs: a running sum over the whole row's count (a repair across
+                # it cancels; the sum over the prefix's own count, a mean of the prefix, does not), and x - m
+                # with a maximum that is partial there (-inf until a block or chunk has an element above
+                # -inf, then -inf - -inf is NaN; the difference of two maxima is a repair factor, guarded)
+                fixed = int(fn == "div" and self.flag(whole_count, args[2])) + \
+                    int(fn == "sub" and self.flag(running_max, args[2]) and not self.flag(running_max, args[1]))
             elif ax is not None:
                 own *= weight({ax})
                 waits_on_ax = ax in self.axes(deps, args[3] if name == "split" else args[2])
