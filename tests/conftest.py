@@ -1,7 +1,8 @@
 """Kernels run under Triton's interpreter on the CPU: the variable must be set before triton is imported."""
 import os
 
-if os.environ.get("NEPTUNE_TEST_DEVICE", "cpu") == "cpu":   # NEPTUNE_TEST_DEVICE=cuda: the compiled kernels
+DEVICE = os.environ.get("NEPTUNE_TEST_DEVICE", "cpu")
+if DEVICE == "cpu":   # NEPTUNE_TEST_DEVICE=cuda: the compiled kernels
     os.environ["TRITON_INTERPRET"] = "1"
 import tempfile  # noqa: E402
 

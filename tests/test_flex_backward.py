@@ -4,7 +4,6 @@ callables applied the way FlexAttention applies them (one vmap per index). FlexA
 backward on CPU, so this reference stands in for it; on the GPU (NEPTUNE_TEST_DEVICE=cuda) the same tests run
 the compiled kernels."""
 import math
-import os
 
 import pytest
 import torch
@@ -12,7 +11,8 @@ from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
 
 from neptune_eqsat import flex_attention
 
-DEVICE = os.environ.get("NEPTUNE_TEST_DEVICE", "cpu")
+from conftest import DEVICE
+
 TOL = {torch.float16: 2e-2, torch.bfloat16: 8e-2, torch.float32: 1e-3}
 
 

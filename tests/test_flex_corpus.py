@@ -2,7 +2,6 @@
 flex_attention run eagerly in float64 on CPU: combinators, method forms, helpers defined outside the callable,
 bit tricks, captured tensors indexed by captured tensors, block masks, the row logsumexp, cross-attention."""
 import math
-import os
 import warnings
 
 import pytest
@@ -14,7 +13,8 @@ from neptune_eqsat import flex_attention
 from neptune_eqsat.compiled import triton_interpret
 from neptune_eqsat.flex import TraceError
 
-DEVICE = os.environ.get("NEPTUNE_TEST_DEVICE", "cpu")   # cuda: the same corpus through the compiled kernels
+from conftest import DEVICE
+
 H, HKV = 4, 2
 DOC = torch.tensor([0] * 9 + [1] * 14 + [2] * 20)
 OFFSETS = torch.tensor([0, 9, 23], dtype=torch.int32)

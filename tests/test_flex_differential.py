@@ -16,9 +16,10 @@ from torch.nn.attention.flex_attention import flex_attention as torch_flex
 
 from neptune_eqsat import flex_attention
 
+from conftest import DEVICE
+
 EXAMPLES = int(os.environ.get("NEPTUNE_FLEX_EXAMPLES", 6))
 SLOW_EXAMPLES = 18   # more callables, other than the default run's, in the slow pass
-DEVICE = os.environ.get("NEPTUNE_TEST_DEVICE", "cpu")   # cuda: through the compiled kernels
 TOLERANCE = {torch.float16: 2e-2, torch.bfloat16: 6e-2, torch.float32: 2e-4}
 INDEX = ("b", "h", "q_idx", "kv_idx")
 
