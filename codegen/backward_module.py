@@ -14,8 +14,8 @@ from neptune_eqsat import ir
 from neptune_eqsat.plan.autodiff import Backward
 from neptune_eqsat.ir import Term
 from neptune_eqsat.frontend.spec import Spec, SpecError
+from neptune_eqsat.codegen.embedded import reads, sources_table
 
-TORCH_DTYPE = {"f16": "torch.float16", "bf16": "torch.bfloat16", "f32": "torch.float32", "f64": "torch.float64"}
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=",
           "and": "&", "or": "|", "bitand": "&", "bitor": "|", "bitxor": "^", "shl": "<<", "shr": ">>"}
 _CALL = {"floordiv": "torch.div({}, {}, rounding_mode='floor')", "mod": "torch.remainder({}, {})",
@@ -65,31 +65,11 @@ def module_source(spec: Spec, forward_source: str, backward: Backward, sources: 
              "",
              f"forward({', '.join(spec.inputs)}) -> {spec.output_name}",
              f"backward({', '.join(spec.inputs)}, out=, grad_out=) -> gradients of {', '.join(backward.wrt)}",
-             '"""',
-             "import linecache",
-             "import types",
-             "",
-             "import torch",
-             "",
-             f"INPUTS = {tuple(spec.inputs)!r}",
-             f"WRT = {tuple(backward.wrt)!r}",
-             f"DIMS = {dims!r}   # run-time size -> (input, dimension) it is read from",
-             "_SOURCES = {"]
-    for name, src in [("forward", forward_source)] + list(sources.items()):
-        lines.append(f"    {name!r}: {src!r},")
-    lines += ["}", "_MODULES = {}", "", textwrap.dedent('''
-        def _module(name):
-            """A kernel module imported from its source (Triton reads kernel text through linecache)."""
-            if name not in _MODULES:
-                src, file = _SOURCES[name], f"<neptune-eqsat {__name__}.{name}>"
-                linecache.cache[file] = (len(src), None, src.splitlines(True), file)
-                mod = types.ModuleType(f"{__name__}_{name}")
-                mod.__file__ = file
-                exec(compile(src, file, "exec"), mod.__dict__)
-                _MODULES[name] = mod
-            return _MODULES[name]
-
-
+             '"""']
+    lines += sources_table({"forward": forward_source, **sources})
+    lines += [f"INPUTS = {tuple(spec.inputs)!r}",
+              f"WRT = {tuple(backward.wrt)!r}",
+              f"DIMS = {dims!r}   # run-time size -> (input, dimension) it is read from", "", "", textwrap.dedent('''
         def _ar(n, pos, rank, dev):
             shape = [1] * rank
             shape[pos] = n
@@ -98,10 +78,6 @@ def module_source(spec: Spec, forward_source: str, backward: Backward, sources: 
 
         def _num(x, dev):
             return torch.tensor(x, device=dev)
-
-
-        def _run(name, t, reads):
-            return _module(name).forward(*(t[n].to(dtype).contiguous() for n, dtype in reads))
 
 
         def forward(*inputs, config=None):
@@ -114,11 +90,11 @@ def module_source(spec: Spec, forward_source: str, backward: Backward, sources: 
               "    dev = inputs[0].device",
               "    grads = {n: torch.zeros(t[n].shape, dtype=torch.float32, device=dev) for n in WRT}"]
     for stage in backward.stages:
-        lines.append(f"    t[{stage.name!r}] = _run({stage.name!r}, t, {_reads(stage.spec)})")
+        lines.append(f"    t[{stage.name!r}] = _run({stage.name!r}, t, {reads(stage.spec)})")
     for k, part in enumerate(backward.parts):
         name = part.spec.output_name
         present = part.spec.output_axes[:len(part.spec.output_axes) - len(part.host_sum)]
-        lines.append(f"    g = _run({name!r}, t, {_reads(part.spec)})")
+        lines.append(f"    g = _run({name!r}, t, {reads(part.spec)})")
         if part.host_sum:
             lines.append(f"    g = g.sum(dim={tuple(range(len(present), len(part.spec.output_axes)))!r})")
         # the output's axes are the index's in order, less those the gradient does not vary along (size 1 here)
@@ -136,7 +112,3 @@ def module_source(spec: Spec, forward_source: str, backward: Backward, sources: 
                       "g.float().expand(shape), accumulate=True)"]
     lines += ["    return tuple(grads[n].to(t[n].dtype) for n in WRT)", ""]
     return "\n".join(lines)
-
-
-def _reads(spec: Spec) -> str:
-    return "(" + "".join(f"({n!r}, {TORCH_DTYPE[t.dtype]}), " for n, t in spec.inputs.items()) + ")"

@@ -121,7 +121,7 @@ def optimize(spec_file: str, output: str | None, explain: bool, shape: str | Non
         result.source = _with_backward(result, sizes, Limits(max_nodes, max_seconds), explain)
     if output:
         _write(output, result.source)
-        click.echo(f"wrote {output} ({result.chosen.family} plan, {result.chosen.sched.passes} pass(es))")
+        click.echo(f"wrote {output} ({result.summary()})")
     elif not explain:
         click.echo(result.source)
 

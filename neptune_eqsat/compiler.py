@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from neptune_eqsat import ir
 from neptune_eqsat.codegen.gluon import eligible
 from neptune_eqsat.codegen.module import module_source
+from neptune_eqsat.codegen.staged_module import module_source as staged_module_source
 from neptune_eqsat.plan.cost import Device
 from neptune_eqsat.plan.extract import Candidate, candidates
 from neptune_eqsat.plan.saturate import Limits, Saturation, saturate
+from neptune_eqsat.plan.stages import Stage, staged
 from neptune_eqsat.frontend.spec import Spec, SpecError, load_spec
 from neptune_eqsat.rules import ALL_RULES
 from neptune_eqsat.tune.database import config_for, configs_by_gpu, db_path, key_prefix, measured_plans, plan_times
@@ -31,6 +33,8 @@ class Result:
     measured: dict[str, dict] = field(default_factory=dict)   # family -> tuning-database record (tune/database.py)
     measured_under: str = ""   # the tuning-database key prefix (spec|shape bucket|GPU|) measurements came from
     forced: str | None = None   # the plan family asked for with --plan
+    # a spec no one kernel runs: its stages, each with its own result, run before the kernel described above
+    stages: tuple[tuple[Stage, "Result"], ...] = ()
 
     @property
     def chosen(self) -> Candidate:
@@ -39,8 +43,14 @@ class Result:
     def explain(self) -> str:
         sat = self.saturation
         by_name = {r.name: r for r in ALL_RULES}
-        lines = [f"spec {self.spec.name}: {ir.show(self.spec.output_term)}", "",
-                 f"e-graph: {sat.summary()}",
+        lines = [f"spec {self.spec.name}: {ir.show(self.spec.output_term)}", ""]
+        if self.stages:
+            lines.append(f"no one kernel runs this spec (reductions over several long axes): {len(self.stages)} "
+                         "stages, each a spec of its own, then the last kernel, which reads them")
+            lines += [f"  {st.name}[{', '.join(st.axes)}] = {ir.show(st.spec.output_term)[:100]}: {r.summary()}"
+                      for st, r in self.stages]
+            lines += [f"the last kernel: {ir.show(self.chosen.term)[:160]}", ""]
+        lines += [f"e-graph: {sat.summary()}",
                  f"saturation rounds: {' -> '.join(sat.schedule)}, one step of each family per round",
                  "rules that fired (matches):"]
         for name, n in sorted(sat.fired.items(), key=lambda kv: (by_name[kv[0]].family if kv[0] in by_name else "",
@@ -97,6 +107,11 @@ class Result:
         lines.append(f"why: {self.why()}")
         return "\n".join(lines)
 
+    def summary(self) -> str:
+        c = self.chosen
+        staged = f"{len(self.stages)} stages, then " if self.stages else ""
+        return f"{staged}{c.family} plan, {c.sched.passes} pass(es)"
+
     def why(self) -> str:
         """Which cost won the ranking, and whether it was a measurement or an estimate."""
         chosen, others = self.chosen, self.candidates[1:]
@@ -147,7 +162,7 @@ def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, devic
         sat, cands = again, candidates(again, spec, sizes, device, plan_times(measured))
     if not cands:
         why = "; ".join(sat.rejected) or "every form left in the e-graph is banned in every plan family"
-        raise SpecError(f"spec {spec.name}: no plan could be extracted ({why})")
+        return _as_stages(spec, sizes, device, limits, plan, f"spec {spec.name}: no plan could be extracted ({why})")
     if plan is not None:
         cands = _force(cands, plan, spec.name)
     best = cands[0]
@@ -155,6 +170,22 @@ def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, devic
     src = module_source(best.plan, module_name(spec), spec_file or "SPEC.py", out_file or "OUT.py",
                         tuned, configs_by_gpu(spec.name, best.family), device.name)
     return Result(spec, sat, cands, src, tuned, device, measured, key_prefix(spec.name, sizes, device.name), plan)
+
+
+def _as_stages(spec: Spec, sizes: dict[str, int], device: Device, limits: Limits | None, plan: str | None,
+               refused: str) -> Result:
+    """A spec no one kernel runs, as stages (plan/stages.py), each optimized as a spec of its own."""
+    try:
+        stages, last = staged(spec)
+    except SpecError:
+        raise SpecError(refused) from None
+    if plan is not None:
+        raise PlanError(f"spec {spec.name} runs as {len(stages)} stages and a last kernel; --plan names the plan "
+                        "of one kernel")
+    parts = tuple((st, optimize(st.spec, sizes, device, limits)) for st in stages)
+    final = optimize(last, sizes, device, limits)
+    source = staged_module_source(spec, [(st, r.source) for st, r in parts], last, final.source)
+    return replace(final, spec=spec, source=source, stages=parts)
 
 
 def _force(cands: list[Candidate], family: str, spec_name: str) -> list[Candidate]:

@@ -25,7 +25,7 @@ ALLOWED = {
     "plan": {"ir", "proof", "rules", "frontend", "plan", "tune", "runtime"},
     "codegen": {"ir", "frontend", "codegen", "runtime", "plan"},
 }
-PLAN_TYPES = {"Plan", "Schedule", "Combine", "Partial", "Backward", "GradPart"}   # what codegen may take from plan/
+PLAN_TYPES = {"Plan", "Schedule", "Combine", "Partial", "Backward", "GradPart", "Stage"}   # what codegen may take from plan/
 # start-up time, and kernels from a filled cache without the compiler installed: see their docstrings
 LAZY_IMPORTS_ALLOWED = {"neptune_eqsat.cli", "neptune_eqsat", "neptune_eqsat.compiled"}
 MAX_LINES = 420

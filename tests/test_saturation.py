@@ -20,7 +20,7 @@ CHOSEN = {"alibi_dc": "split", "alibi_pf": "rolled", "attention_rmsnorm": "rolle
           "gqa_pf": "rolled", "log_softmax": "rolled", "max_normalized_sum": "split",
           "sigmoid_attention": "unfused", "softcap_dc": "split+packed", "softcap_pf": "rolled", "softmax": "rolled",
           "window_pf": "rolled", "layernorm": "rolled", "linear_cross_entropy": "split",
-          "softplus_attention": "unfused"}
+          "softplus_attention": "unfused", "joint_softmax": "staged"}
 
 
 def fixed_steps(term, extents: dict, steps: int = 12, match_limit: int = 400) -> Saturation:
@@ -53,6 +53,9 @@ def test_rounds_extract_the_plans_of_the_fixed_budget(name):
     new = candidates(saturate(spec.output_term, extents=spec.axis_dims), spec, sizes, device)
     old = candidates(fixed_steps(spec.output_term, spec.axis_dims), spec, sizes, device)
     assert [(c.family, c.term) for c in new] == [(c.family, c.term) for c in old]
+    if CHOSEN[name] == "staged":   # no one kernel runs it (tests/test_stages.py)
+        assert new == []
+        return
     assert new[0].family == CHOSEN[name]
     assert module_source(new[0].plan, name) == module_source(old[0].plan, name)
 

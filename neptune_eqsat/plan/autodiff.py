@@ -29,18 +29,10 @@ from neptune_eqsat import ir
 from neptune_eqsat.plan.derivatives import local_adjoints, plus, shift_invariant, total
 from neptune_eqsat.ir import Term
 from neptune_eqsat.plan.schedule import is_large
-from neptune_eqsat.frontend.spec import Extent, Spec, SpecError, Tensor
+from neptune_eqsat.frontend.spec import Spec, SpecError
+from neptune_eqsat.plan.stages import Stage, fresh_name, sub_spec, tensor_of
 
 FLOATS = ("f16", "bf16", "f32", "f64")
-
-
-@dataclass(frozen=True)
-class Stage:
-    """A tensor computed by its own spec before the gradient kernels run: a saved value of the forward or a
-    row statistic of the adjoint. Read back as `load(name, *axes)`."""
-    name: str
-    spec: Spec
-    axes: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -113,14 +105,14 @@ def differentiate(spec: Spec, wrt: tuple[str, ...] | None = None) -> Backward:
             raise SpecError(f"spec {spec.name}: no input {n} to differentiate with respect to")
         if spec.inputs[n].dtype not in FLOATS:
             raise SpecError(f"spec {spec.name}: input {n} is {spec.inputs[n].dtype}, not differentiable")
-    bw = Backward(spec, _fresh(spec, f"d_{spec.output_name}"), wrt=wrt)
+    bw = Backward(spec, fresh_name(spec, f"d_{spec.output_name}"), wrt=wrt)
     T = spec.output_term
     grad = ir.load(bw.grad_name, *(ir.axis(a) for a in out_axes))
-    extra = {bw.grad_name: _tensor_of(spec, out_axes, spec.output_dtype or "f32")}
+    extra = {bw.grad_name: tensor_of(spec, out_axes, spec.output_dtype or "f32")}
 
     # the output itself is read, never recomputed (a quotient's derivative is written with the quotient)
-    out_name = _fresh(spec, f"out_{spec.output_name}", extra)
-    extra[out_name] = _tensor_of(spec, out_axes, spec.output_dtype or "f32")
+    out_name = fresh_name(spec, f"out_{spec.output_name}", extra)
+    extra[out_name] = tensor_of(spec, out_axes, spec.output_dtype or "f32")
     bw.out_name = out_name
     saved = {T: ir.load(out_name, *(ir.axis(a) for a in out_axes))}
     invariant = {r for r in ir.walk(T) if r.op == "red" and r.attrs[0] in ("max", "min") and shift_invariant(T, r)}
@@ -224,9 +216,9 @@ class _Stager:
             inner = Term(r.op, r.attrs, (self.replace(r.args[0]),), r.origin)
             axes = tuple(a for a in self.spec.output_axes if a in r.free)
             reads_grad = any(x.op == "load" and x.attrs[0] == self.grad_name for x in ir.walk(inner))
-            name = _fresh(self.spec, f"{'stat' if reads_grad else 'saved'}{len(self.bw.stages)}", self.extra)
+            name = fresh_name(self.spec, f"{'stat' if reads_grad else 'saved'}{len(self.bw.stages)}", self.extra)
             self.bw.stages.append(Stage(name, _sub_spec(self.spec, name, inner, axes, self.extra), axes))
-            self.extra[name] = _tensor_of(self.spec, axes, "f32")
+            self.extra[name] = tensor_of(self.spec, axes, "f32")
             what = "a row statistic of the adjoint" if reads_grad else "a value of the forward, saved"
             self.bw.notes.append(f"{name}[{', '.join(axes)}] = {ir.show(r)[:90]}: {what}, computed once")
             self.done[r] = ir.load(name, *(ir.axis(a) for a in axes))
@@ -363,45 +355,7 @@ def _typical(spec: Spec, ax: str) -> int:
     return ext if isinstance(ext, int) else spec.typical.get(ext.name, 1024)
 
 
-def _fresh(spec: Spec, base: str, extra: dict | None = None) -> str:
-    name, k = base, 0
-    while name in spec.inputs or name in (extra or {}) or name in spec.axes_ or name in spec.dims_:
-        k += 1
-        name = f"{base}{k}"
-    return name
-
-
-def _tensor_of(spec: Spec, axes: tuple[str, ...], dtype: str) -> tuple[str, tuple[Extent, ...]]:
-    return dtype, tuple(spec.axes_[a] for a in axes)
-
-
 def _sub_spec(spec: Spec, name: str, term: Term, axes: tuple[str, ...], extra: dict) -> Spec:
-    """A spec over the same dims and axes reading the inputs `term` reads (the forward's, in their order, then
-    the backward's own), with output `term` over `axes` in fp32, its sums of products in matrix-product form."""
+    """A part of the backward: `term` in matrix-product form (`_products`), computed by its own spec."""
     dtypes = {n: t.dtype for n, t in spec.inputs.items()} | {n: d for n, (d, _) in extra.items()}
-    term = _products(term, dtypes)
-    sub = Spec(f"{spec.name}_{name}" if not name.startswith(spec.name) else name)
-    read = {t.attrs[0] for t in ir.walk(term) if t.op == "load"}
-    for n, t in spec.inputs.items():
-        if n in read:
-            sub.inputs[n] = Tensor(sub, n, t.dtype, t.shape, t.positive, t.source)
-    for n, (dtype, shape) in extra.items():
-        if n in read:
-            sub.inputs[n] = Tensor(sub, n, dtype, shape, False, f"backward input {n}")
-    missing = read - set(sub.inputs)
-    if missing:
-        raise SpecError(f"spec {spec.name}: the backward reads unknown tensors {sorted(missing)}")
-    # only the axes and sizes this spec uses: a size no input carries could not be bound at run time
-    used = {x.attrs[0] for x in ir.walk(term) if x.op == "axis"} | set(axes) | \
-        {x.attrs[1] for x in ir.walk(term) if ir.is_reduction(x)}
-    sub.axes_ = {a: e for a, e in spec.axes_.items() if a in used}
-    sized = {e.name for e in sub.axes_.values() if not isinstance(e, int)} | \
-        {x.attrs[0] for x in ir.walk(term) if x.op == "dim"} | \
-        {e.name for t in sub.inputs.values() for e in t.shape if not isinstance(e, int)}
-    sub.dims_ = {n: d for n, d in spec.dims_.items() if n in sized}
-    sub.typical = {n: v for n, v in spec.typical.items() if n in sized}
-    sub.output_name, sub.output_dtype, sub.output_term, sub.output_axes = name, "f32", term, tuple(axes)
-    sub.doc = f"part of the backward pass of {spec.name}"
-    sub.validate()
-    return sub
-
+    return sub_spec(spec, name, _products(term, dtypes), axes, extra, f"part of the backward pass of {spec.name}")

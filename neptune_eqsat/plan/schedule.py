@@ -114,10 +114,12 @@ def _loop_axis(spec: Spec, reds: list[Term]) -> tuple[str | None, tuple[str, ...
     def nested(ax: str, loop: str) -> bool:
         return all(r.op == "red" and not any(ir.is_reduction(x) and x.attrs[1] == loop for x in ir.walk(r.args[0]))
                    for r in reds if r.attrs[1] == ax)
-    loops = [a for a in long_axes if all(nested(b, a) for b in long_axes if b != a)]
+    # an axis the output runs along is a tile's axis, not one to reduce in blocks of its own
+    loops = [a for a in long_axes if all(nested(b, a) and b not in spec.output_axes for b in long_axes if b != a)]
     if len(loops) != 1:
         raise SpecError(f"spec {spec.name}: reductions over several long axes {long_axes}; one kernel loops over "
-                        f"one axis, and no one of them holds the others' reductions inside its loop")
+                        f"one axis, and no one of them holds the others' reductions inside its loop (over an axis "
+                        f"the output does not run along)")
     return loops[0], tuple(a for a in long_axes if a != loops[0])
 
 

@@ -1,0 +1,103 @@
+"""Stages: a reduction computed once by a spec of its own, its result read back by later kernels as a tensor.
+
+The backward pass saves the forward's row statistics this way (`autodiff.py`). A forward that no one kernel
+runs -- reductions over several long axes at once, as a softmax over (i, j) jointly, where a kernel loops over
+one axis -- is planned the same way (`staged`): the innermost reductions over long axes become stages, round
+after round, until what is left schedules as one kernel; each stage is a spec that the compiler fuses on its own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from neptune_eqsat import ir
+from neptune_eqsat.ir import Term
+from neptune_eqsat.plan.schedule import is_large, schedule
+from neptune_eqsat.frontend.spec import Extent, Spec, SpecError, Tensor
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A tensor computed by its own spec before the kernels that read it (as `load(name, *axes)`): a saved value
+    of the forward, a row statistic of the adjoint, a reduction of a staged forward."""
+    name: str
+    spec: Spec
+    axes: tuple[str, ...]
+
+
+def fresh_name(spec: Spec, base: str, extra: dict | None = None) -> str:
+    name, k = base, 0
+    while name in spec.inputs or name in (extra or {}) or name in spec.axes_ or name in spec.dims_:
+        k += 1
+        name = f"{base}{k}"
+    return name
+
+
+def tensor_of(spec: Spec, axes: tuple[str, ...], dtype: str) -> tuple[str, tuple[Extent, ...]]:
+    return dtype, tuple(spec.axes_[a] for a in axes)
+
+
+def sub_spec(spec: Spec, name: str, term: Term, axes: tuple[str, ...], extra: dict, doc: str) -> Spec:
+    """A spec over the same dims and axes reading the inputs `term` reads (the spec's, in their order, then the
+    `extra` tensors: name -> (dtype, shape)), with output `term` over `axes` in fp32."""
+    sub = Spec(f"{spec.name}_{name}" if not name.startswith(spec.name) else name)
+    read = {t.attrs[0] for t in ir.walk(term) if t.op == "load"}
+    for n, t in spec.inputs.items():
+        if n in read:
+            sub.inputs[n] = Tensor(sub, n, t.dtype, t.shape, t.positive, t.source)
+    for n, (dtype, shape) in extra.items():
+        if n in read:
+            sub.inputs[n] = Tensor(sub, n, dtype, shape, False, f"stage {n}")
+    missing = read - set(sub.inputs)
+    if missing:
+        raise SpecError(f"spec {spec.name}: a stage reads unknown tensors {sorted(missing)}")
+    # only the axes and sizes this spec uses: a size no input carries could not be bound at run time
+    used = {x.attrs[0] for x in ir.walk(term) if x.op == "axis"} | set(axes) | \
+        {x.attrs[1] for x in ir.walk(term) if ir.is_reduction(x)}
+    sub.axes_ = {a: e for a, e in spec.axes_.items() if a in used}
+    sized = {e.name for e in sub.axes_.values() if not isinstance(e, int)} | \
+        {x.attrs[0] for x in ir.walk(term) if x.op == "dim"} | \
+        {e.name for t in sub.inputs.values() for e in t.shape if not isinstance(e, int)}
+    sub.dims_ = {n: d for n, d in spec.dims_.items() if n in sized}
+    sub.typical = {n: v for n, v in spec.typical.items() if n in sized}
+    sub.output_name, sub.output_dtype, sub.output_term, sub.output_axes = name, "f32", term, tuple(axes)
+    sub.doc = doc
+    sub.validate()
+    return sub
+
+
+def _innermost_long(spec: Spec, term: Term) -> list[Term]:
+    """Reductions over a long axis whose bodies reduce over no long axis, outermost occurrences first."""
+    found: list[Term] = []
+    for t in ir.walk(term):
+        if ir.is_reduction(t) and is_large(spec.axes_[t.attrs[1]]) and t not in found and not any(
+                ir.is_reduction(x) and is_large(spec.axes_[x.attrs[1]]) for x in ir.walk(t.args[0])):
+            found.append(t)
+    return found
+
+
+def staged(spec: Spec, max_rounds: int = 8) -> tuple[list[Stage], Spec]:
+    """The stages (in the order they run) and the last spec, which reads them and writes the output. Only for
+    a spec no one kernel runs; raises the scheduling error when staging does not help."""
+    stages: list[Stage] = []
+    extra: dict = {}
+    term = spec.output_term
+    for _ in range(max_rounds + 1):
+        last = sub_spec(spec, spec.output_name, term, spec.output_axes, extra, spec.doc)
+        last.name, last.output_dtype = f"{spec.name}_last", spec.output_dtype
+        try:
+            schedule(last, last.output_term)
+            return stages, last
+        except SpecError as e:
+            error = e
+        inner = _innermost_long(spec, term)
+        if not inner or inner == [term]:   # nothing to stage but the whole term
+            raise error
+        done: dict[Term, Term] = {}
+        for r in inner:
+            axes = tuple(a for a in spec.axes_ if a in r.free)
+            name = fresh_name(spec, f"stage{len(stages)}", extra)
+            stages.append(Stage(name, sub_spec(spec, name, r, axes, extra, f"a stage of {spec.name}"), axes))
+            extra[name] = tensor_of(spec, axes, "f32")
+            done[r] = ir.load(name, *(ir.axis(a) for a in axes))
+        term = ir.substitute(term, done)
+    raise error

@@ -1,0 +1,70 @@
+"""Specs no one kernel runs -- reductions over several long axes jointly -- are planned as stages (plan/stages.py):
+each stage a spec the compiler fuses on its own, its result read back by the next; the module runs them in order.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import DEVICE, SPECS, compiled, spec_variant
+from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
+
+STANDARDIZE = '''
+from neptune_eqsat.spec import *
+spec = Spec("standardize_2d")
+B, N, M = spec.dims(B=8, N=4096, M=4096)
+b, i, j = spec.axes(b=B, i=N, j=M)
+x = spec.input("x", f32, B, N, M)
+mean = sum(i, sum(j, x[b, i, j])) / N / M
+var = sum(i, sum(j, (x[b, i, j] - mean) * (x[b, i, j] - mean))) / N / M
+spec.output("y", f32, (x[b, i, j] - mean) / sqrt(var + 1e-5), b, i, j)
+'''
+
+
+def _run(path: str, sizes: dict, prepare=None):
+    result, mod = compiled(path)
+    inputs = random_inputs(result.spec, sizes, seed=4)
+    if prepare:
+        prepare(inputs)
+    out = mod.forward(*(t.to(DEVICE) for t in inputs.values())).cpu()
+    return result, inputs, out, evaluate(result.spec, inputs)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "f32"])
+def test_a_softmax_over_two_long_axes_runs_as_stages(tmp_path, dtype):
+    """37 x 45 per batch: neither is a multiple of a block; rows 0 and 5 of the first batch are all -inf."""
+    def minus_inf_rows(inputs):
+        inputs["x"][0, 0] = float("-inf")
+        inputs["x"][0, 5] = float("-inf")
+    path = spec_variant(tmp_path, "joint_softmax", {"f16": dtype})
+    result, _, out, ref = _run(path, {"B": 2, "N": 37, "M": 45}, minus_inf_rows)
+    assert len(result.stages) == 3 and result.summary().startswith("3 stages, then ")
+    assert not torch.isnan(out).any()
+    assert torch.all(out[0, 0] == 0) and torch.all(out[0, 5] == 0)
+    assert (out.double() - ref).abs().max().item() <= tolerance(dtype) * ref.abs().max().item()
+    assert torch.allclose(out.double().sum(dim=(1, 2)), torch.ones(2, dtype=torch.float64), atol=1e-2)
+
+
+def test_standardizing_over_two_long_axes_matches_torch_layer_norm(tmp_path):
+    path = tmp_path / "standardize_2d.py"
+    path.write_text(STANDARDIZE)
+    result, inputs, out, ref = _run(str(path), {"B": 3, "N": 19, "M": 33})
+    assert result.stages
+    x = inputs["x"].double()
+    torch_ln = F.layer_norm(x, x.shape[1:], eps=1e-5)
+    assert (out.double() - torch_ln).abs().max().item() < 1e-4
+    assert (out.double() - ref).abs().max().item() < 1e-4
+
+
+def test_explain_names_each_stage_and_its_plan():
+    result, _ = compiled(str(SPECS / "joint_softmax.py"))
+    text = result.explain()
+    assert "no one kernel runs this spec" in text
+    for name, what in (("stage0[b, i]", "max(j, x[b, i, j])"), ("stage1[b]", "max(i, stage0[b, i])")):
+        assert f"{name} = {what}" in text
+    assert "the last kernel:" in text
+
+
+def test_a_spec_one_kernel_runs_is_not_staged():
+    result, _ = compiled(str(SPECS / "softmax.py"))
+    assert result.stages == ()
+    assert "stages" not in result.summary()
