@@ -23,8 +23,17 @@ GLUON_CONFIG = {"BACKEND": "gluon", "WS_BLOCK_J": 128, "WS_STAGES": 3, "WS_PERSI
 VECTOR_ROWS_CONFIG = {"num_warps": 4, "num_stages": 3, "row": 1, "loop": 2048}
 
 
+# a kernel with no reduction at all (the last of a staged plan: each element from its inputs and the stages)
+# writes long rows: wide blocks of them per program, so that each program moves kilobytes, not a few hundred bytes
+ELEMENTWISE_CONFIG = {"num_warps": 4, "num_stages": 1, "row": 2048}
+
+
 def vector_rows(sched: Schedule) -> bool:
     return bool(sched.row) and bool(sched.loop) and not sched.inner and sched.col is None
+
+
+def elementwise_rows(sched: Schedule) -> bool:
+    return bool(sched.row) and not sched.loop and not sched.inner and sched.col is None
 
 
 def whole_row_lines(block: str, length: str) -> list[str]:
@@ -43,6 +52,9 @@ def default_blocks(sched: Schedule) -> tuple[dict, dict]:
     if vector_rows(sched):
         gpu.update(num_warps=VECTOR_ROWS_CONFIG["num_warps"], num_stages=VECTOR_ROWS_CONFIG["num_stages"])
         row_block, loop_block = VECTOR_ROWS_CONFIG["row"], VECTOR_ROWS_CONFIG["loop"]
+    if elementwise_rows(sched):
+        gpu.update(num_warps=ELEMENTWISE_CONFIG["num_warps"], num_stages=ELEMENTWISE_CONFIG["num_stages"])
+        row_block = ELEMENTWISE_CONFIG["row"]
     if sched.row:
         gpu[f"BLOCK_{sched.row.upper()}"] = row_block
         cpu[f"BLOCK_{sched.row.upper()}"] = 16

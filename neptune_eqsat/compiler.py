@@ -179,6 +179,8 @@ def _as_stages(spec: Spec, sizes: dict[str, int], device: Device, limits: Limits
         stages, last = staged(spec)
     except SpecError:
         raise SpecError(refused) from None
+    if not stages:   # one kernel would run the spec as written: staging is not what failed
+        raise SpecError(refused)
     if plan is not None:
         raise PlanError(f"spec {spec.name} runs as {len(stages)} stages and a last kernel; --plan names the plan "
                         "of one kernel")

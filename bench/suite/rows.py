@@ -91,6 +91,16 @@ def _liger_linear_cross_entropy(h, w, target):
     return loss[0] if isinstance(loss, tuple) else loss   # (loss, z-loss) in some versions
 
 
+def _matrices(R, N, g, cols=4096):
+    """R matrices of N // cols x cols, for a softmax over each whole matrix (two long axes jointly)."""
+    return ((torch.randn(R, N // cols, cols, generator=g, device="cuda") * 3).half(),)
+
+
+def _joint_softmax_math(x):
+    acc = torch.promote_types(x.dtype, torch.float32)
+    return torch.softmax(x.to(acc).flatten(1), -1).view_as(x).to(x.dtype)
+
+
 OPS = {
     "layernorm_fp16": Op("layernorm", None, ((8192, 4096), (4096, 16384)), _layernorm_inputs(torch.float16),
                          _layernorm_math, _liger_layernorm),
@@ -104,6 +114,8 @@ OPS = {
     # tokens x vocabulary, hidden 4096: the logits h W^T (T x V) are never stored by ours or Liger's
     "linear_cross_entropy": Op("linear_cross_entropy", None, ((4096, 131072), (16384, 32768)), _hidden_states,
                                _linear_cross_entropy_math, _liger_linear_cross_entropy, tol=2e-2),
+    # batches x (i x j): a softmax over each 4096 x 4096 matrix, run as stages (no one kernel loops over both)
+    "joint_softmax": Op("joint_softmax", None, ((8, 4096 * 4096),), _matrices, _joint_softmax_math, tol=1e-3),
 }
 
 
