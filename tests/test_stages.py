@@ -7,6 +7,8 @@ import torch.nn.functional as F
 
 from conftest import DEVICE, SPECS, compiled, spec_variant
 from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
+from neptune_eqsat.spec import load_spec
+from neptune_eqsat.training import Differentiable
 
 STANDARDIZE = '''
 from neptune_eqsat.spec import *
@@ -37,7 +39,7 @@ def test_a_softmax_over_two_long_axes_runs_as_stages(tmp_path, dtype):
         inputs["x"][0, 5] = float("-inf")
     path = spec_variant(tmp_path, "joint_softmax", {"f16": dtype})
     result, _, out, ref = _run(path, {"B": 2, "N": 37, "M": 45}, minus_inf_rows)
-    assert len(result.stages) == 3 and result.summary().startswith("3 stages, then ")
+    assert len(result.stages) == 4 and result.summary().startswith("4 stages, then ")
     assert not torch.isnan(out).any()
     assert torch.all(out[0, 0] == 0) and torch.all(out[0, 5] == 0)
     assert (out.double() - ref).abs().max().item() <= tolerance(dtype) * ref.abs().max().item()
@@ -59,7 +61,8 @@ def test_explain_names_each_stage_and_its_plan():
     result, _ = compiled(str(SPECS / "joint_softmax.py"))
     text = result.explain()
     assert "no one kernel runs this spec" in text
-    for name, what in (("stage0[b, i]", "max(j, x[b, i, j])"), ("stage1[b]", "max(i, stage0[b, i])")):
+    for name, what in (("stage0[b, i]", "max(j, x[b, i, j])"), ("stage1[b]", "max(i, stage0[b, i])"),
+                       ("stage3[b]", "sum(i, stage2[b, i])")):
         assert f"{name} = {what}" in text
     assert "the last kernel:" in text
 
@@ -68,3 +71,16 @@ def test_a_spec_one_kernel_runs_is_not_staged():
     result, _ = compiled(str(SPECS / "softmax.py"))
     assert result.stages == ()
     assert "stages" not in result.summary()
+
+
+def test_the_gradient_of_a_staged_spec_matches_float64_autograd():
+    """The backward's own kernels reduce over (i, j) jointly too, and are staged the same way."""
+    spec = load_spec(SPECS / "joint_softmax.py").retyped("f32")
+    inputs = random_inputs(spec, {"B": 2, "N": 19, "M": 21}, seed=5)
+    x = inputs["x"].clone().to(DEVICE).requires_grad_(True)
+    out = Differentiable(spec)(x)
+    g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    out.backward(g.float().to(DEVICE))
+    ref = inputs["x"].double().requires_grad_(True)
+    evaluate(spec, {"x": ref}, differentiable=True).backward(g)
+    assert (x.grad.cpu().double() - ref.grad).abs().max().item() < 1e-3 * ref.grad.abs().max().item()
