@@ -29,7 +29,7 @@ ELEMENTWISE_CONFIG = {"num_warps": 4, "num_stages": 1, "row": 2048}
 
 
 def vector_rows(sched: Schedule) -> bool:
-    return bool(sched.row) and bool(sched.loop) and not sched.inner and sched.col is None
+    return sched.streams_rows
 
 
 def elementwise_rows(sched: Schedule) -> bool:

@@ -9,7 +9,7 @@ from neptune_eqsat import ir
 from neptune_eqsat.codegen.gluon import eligible
 from neptune_eqsat.codegen.module import module_source
 from neptune_eqsat.codegen.staged_module import module_source as staged_module_source
-from neptune_eqsat.plan.cost import Device
+from neptune_eqsat.plan.cost import Device, PlanCost, plan_cost
 from neptune_eqsat.plan.extract import Candidate, candidates
 from neptune_eqsat.plan.saturate import Limits, Saturation, saturate
 from neptune_eqsat.plan.stages import Stage, staged
@@ -33,8 +33,9 @@ class Result:
     measured: dict[str, dict] = field(default_factory=dict)   # family -> tuning-database record (tune/database.py)
     measured_under: str = ""   # the tuning-database key prefix (spec|shape bucket|GPU|) measurements came from
     forced: str | None = None   # the plan family asked for with --plan
-    # a spec no one kernel runs: its stages, each with its own result, run before the kernel described above
+    # a spec planned as stages: each with its own result, run before the kernel described above, and why
     stages: tuple[tuple[Stage, "Result"], ...] = ()
+    staged_because: str = ""
 
     @property
     def chosen(self) -> Candidate:
@@ -45,8 +46,8 @@ class Result:
         by_name = {r.name: r for r in ALL_RULES}
         lines = [f"spec {self.spec.name}: {ir.show(self.spec.output_term)}", ""]
         if self.stages:
-            lines.append(f"no one kernel runs this spec (reductions over several long axes): {len(self.stages)} "
-                         "stages, each a spec of its own, then the last kernel, which reads them")
+            lines.append(f"{self.staged_because}: {len(self.stages)} stages, each a spec of its own, then the last "
+                         "kernel, which reads them")
             lines += [f"  {st.name}[{', '.join(st.axes)}] = {ir.show(st.spec.output_term)[:100]}: {r.summary()}"
                       for st, r in self.stages]
             lines += [f"the last kernel: {ir.show(self.chosen.term)[:160]}", ""]
@@ -165,6 +166,17 @@ def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, devic
         return _as_stages(spec, sizes, device, limits, plan, f"spec {spec.name}: no plan could be extracted ({why})")
     if plan is not None:
         cands = _force(cands, plan, spec.name)
+    else:
+        one = _one_kernel_cost(cands[0], sizes, device)
+        if cands[0].sched.writes_loop and one.programs < UNDER_FILLED * device.sms:
+            staged_result = _as_stages(spec, sizes, device, limits, None, "", every=True)
+            seconds = cands[0].measured or one.seconds
+            if staged_result is not None and _staged_seconds(staged_result) < seconds:
+                staged_result.staged_because = (
+                    f"the one-kernel plan ({cands[0].family}) writes along its loop axis {cands[0].sched.loop} with "
+                    f"{one.programs} programs on {device.sms} SMs: staged {_staged_seconds(staged_result) * 1e6:.1f} "
+                    f"us against its {seconds * 1e6:.1f} us")
+                return staged_result
     best = cands[0]
     tuned = config_for(measured, best.family)
     src = module_source(best.plan, module_name(spec), spec_file or "SPEC.py", out_file or "OUT.py",
@@ -172,14 +184,35 @@ def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, devic
     return Result(spec, sat, cands, src, tuned, device, measured, key_prefix(spec.name, sizes, device.name), plan)
 
 
+UNDER_FILLED = 0.5     # of the SMs: a one-kernel plan with fewer programs is priced against stages
+STAGE_LAUNCH = 4e-6    # seconds priced for each kernel launch a staged plan adds
+
+
+def _one_kernel_cost(best: Candidate, sizes: dict[str, int], device: Device) -> PlanCost:
+    """The best one-kernel plan's cost with the programs it launches (one row each where it streams rows). Where
+    it writes along its loop axis (so it cannot be split into chunks) with too few programs to fill the GPU --
+    a softmax or a norm over a few very long rows -- stages are priced against it."""
+    return plan_cost(best.sched, sizes, device, block_rows=1) if best.sched.streams_rows else best.cost
+
+
+def _staged_seconds(result: Result) -> float:
+    return sum(r.chosen.rank() for _, r in result.stages) + result.chosen.rank() + STAGE_LAUNCH * len(result.stages)
+
+
 def _as_stages(spec: Spec, sizes: dict[str, int], device: Device, limits: Limits | None, plan: str | None,
-               refused: str) -> Result:
-    """A spec no one kernel runs, as stages (plan/stages.py), each optimized as a spec of its own."""
+               refused: str, every: bool = False) -> Result | None:
+    """The spec as stages (plan/stages.py), each optimized as a spec of its own: when no one kernel runs it
+    (raising `refused` if staging does not help), or, with `every`, every reduction over a long axis staged so
+    that the last kernel writes in parallel (None where that gives no stages)."""
     try:
-        stages, last = staged(spec)
+        stages, last = staged(spec, every=every)
     except SpecError:
+        if every:
+            return None
         raise SpecError(refused) from None
-    if not stages:   # one kernel would run the spec as written: staging is not what failed
+    if not stages:   # one kernel runs the spec as written: staging is not what failed
+        if every:
+            return None
         raise SpecError(refused)
     if plan is not None:
         raise PlanError(f"spec {spec.name} runs as {len(stages)} stages and a last kernel; --plan names the plan "
@@ -187,7 +220,8 @@ def _as_stages(spec: Spec, sizes: dict[str, int], device: Device, limits: Limits
     parts = tuple((st, optimize(st.spec, sizes, device, limits)) for st in stages)
     final = optimize(last, sizes, device, limits)
     source = staged_module_source(spec, [(st, r.source) for st, r in parts], last, final.source)
-    return replace(final, spec=spec, source=source, stages=parts)
+    return replace(final, spec=spec, source=source, stages=parts,
+                   staged_because="" if every else "no one kernel runs this spec (reductions over several long axes)")
 
 
 def _force(cands: list[Candidate], family: str, spec_name: str) -> list[Candidate]:

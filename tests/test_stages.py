@@ -6,7 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from conftest import DEVICE, SPECS, compiled, spec_variant
+from neptune_eqsat.compiler import optimize
 from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
+from neptune_eqsat.runtime.loader import load_module
 from neptune_eqsat.spec import load_spec
 from neptune_eqsat.training import Differentiable
 
@@ -84,3 +86,21 @@ def test_the_gradient_of_a_staged_spec_matches_float64_autograd():
     ref = inputs["x"].double().requires_grad_(True)
     evaluate(spec, {"x": ref}, differentiable=True).backward(g)
     assert (x.grad.cpu().double() - ref.grad).abs().max().item() < 1e-3 * ref.grad.abs().max().item()
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "layernorm"])
+def test_a_few_very_long_rows_are_staged_so_every_kernel_fills_the_gpu(name):
+    """Priced at 4 rows of 2^20: one kernel would stream 4 rows on 4 programs and cannot be split (it writes along
+    its loop axis), so the row statistics become stages (each split into chunks) and the last kernel writes in
+    parallel. The module runs any size: checked at 3 rows of 77."""
+    result = optimize(str(SPECS / f"{name}.py"), sizes={"R": 4, "N": 1 << 20})
+    assert result.stages and "writes along its loop axis j with 4 programs" in result.explain()
+    assert all(r.chosen.family.startswith("split") for _, r in result.stages)
+    mod = load_module(result.source, result.spec.name)
+    inputs = random_inputs(result.spec, {"R": 3, "N": 77}, seed=7)
+    out = mod.forward(*(t.to(DEVICE) for t in inputs.values())).cpu().double()
+    ref = evaluate(result.spec, inputs)
+    assert (out - ref).abs().max().item() <= tolerance(result.spec.output_dtype) * max(1.0, ref.abs().max().item())
+    if name == "layernorm":
+        x, w, b = (t.double() for t in inputs.values())
+        assert (out - F.layer_norm(x, x.shape[-1:], w, b, eps=1e-5)).abs().max().item() < 1e-2

@@ -38,6 +38,8 @@ class Op:
     math: Callable            # the plain math, for eager and torch.compile
     liger: Callable | None = None
     tol: float = 2e-2
+    shape: str | None = None  # the sizes the plan is chosen for (optimize --shape), else the spec's typical ones
+    plan: str | None = None   # a forced plan family (optimize --plan), to time it beside the chosen one
 
 
 def _layernorm_inputs(dtype, offset=0.0):
@@ -114,20 +116,34 @@ OPS = {
     # tokens x vocabulary, hidden 4096: the logits h W^T (T x V) are never stored by ours or Liger's
     "linear_cross_entropy": Op("linear_cross_entropy", None, ((4096, 131072), (16384, 32768)), _hidden_states,
                                _linear_cross_entropy_math, _liger_linear_cross_entropy, tol=2e-2),
+    # a few very long rows (sampling over a vocabulary, a norm of long rows): priced at 4 rows, the row statistics
+    # run as stages split into chunks and the last kernel writes in parallel; beside it the one-kernel plan
+    "softmax_few_rows": Op("softmax", None, ((4, 1 << 20), (16, 1 << 20)), _logits, lambda x: torch.softmax(x, -1),
+                           tol=1e-5, shape="R=4,N=1048576"),
+    "softmax_few_rows_one_kernel": Op("softmax", None, ((4, 1 << 20), (16, 1 << 20)), _logits,
+                                      lambda x: torch.softmax(x, -1), tol=1e-5, shape="R=4,N=1048576", plan="rolled"),
+    "layernorm_few_rows": Op("layernorm", None, ((4, 1 << 20),), _layernorm_inputs(torch.float16), _layernorm_math,
+                             _liger_layernorm, shape="R=4,N=1048576"),
+    "layernorm_few_rows_one_kernel": Op("layernorm", None, ((4, 1 << 20),), _layernorm_inputs(torch.float16),
+                                        _layernorm_math, _liger_layernorm, shape="R=4,N=1048576", plan="rolled"),
     # batches x (i x j): a softmax over each 4096 x 4096 matrix, run as stages (no one kernel loops over both)
     "joint_softmax": Op("joint_softmax", None, ((8, 4096 * 4096),), _matrices, _joint_softmax_math, tol=1e-3),
 }
 
 
 def module_path(op: Op) -> Path:
-    return GENERATED / f"{op.spec}_{op.dtype or 'as_written'}.py"
+    shape = "_" + op.shape.replace(",", "_").replace("=", "") if op.shape else ""
+    plan = f"_{op.plan}" if op.plan else ""
+    return GENERATED / f"{op.spec}_{op.dtype or 'as_written'}{shape}{plan}.py"
 
 
-def generate() -> None:
+def generate(names: list[str]) -> None:
     GENERATED.mkdir(parents=True, exist_ok=True)
-    for op in {module_path(op): op for op in OPS.values()}.values():
+    for op in {module_path(OPS[n]): OPS[n] for n in names}.values():
         cmd = ["neptune-eqsat", "optimize", str(common.SPECS / f"{op.spec}.py"), "-o", str(module_path(op))]
-        subprocess.run(cmd + (["--dtype", op.dtype] if op.dtype else []), check=True)
+        cmd += ["--dtype", op.dtype] if op.dtype else []
+        cmd += ["--shape", op.shape] if op.shape else []
+        subprocess.run(cmd + (["--plan", op.plan] if op.plan else []), check=True)
 
 
 def load(path: Path):
@@ -274,7 +290,7 @@ def main() -> None:
     ap.add_argument("--rep-ms", type=int, default=100)
     args = ap.parse_args()
     if args.generate:
-        generate()
+        generate(args.ops.split(","))
         return
     gpu = common.gpu_name()
     import triton

@@ -39,6 +39,12 @@ class Schedule:
     def passes(self) -> int:
         return 1 + max(self.pass_of.values()) if self.pass_of else 0
 
+    @property
+    def streams_rows(self) -> bool:
+        """Tiles hold only rows and a block of the loop axis (softmax, a norm, cross-entropy: no matrix product):
+        the kernel streams one row per program."""
+        return bool(self.row) and bool(self.loop) and not self.inner and self.col is None
+
     def in_pass(self, p: int) -> list[Term]:
         return [r for r in self.reductions if self.pass_of[r] == p]
 

@@ -75,9 +75,12 @@ def _innermost_long(spec: Spec, term: Term) -> list[Term]:
     return found
 
 
-def staged(spec: Spec, max_rounds: int = 8) -> tuple[list[Stage], Spec]:
-    """The stages (in the order they run) and the last spec, which reads them and writes the output. Only for
-    a spec no one kernel runs; raises the scheduling error when staging does not help."""
+def staged(spec: Spec, max_rounds: int = 8, every: bool = False) -> tuple[list[Stage], Spec]:
+    """The stages (in the order they run) and the last spec, which reads them and writes the output. By default
+    only what no one kernel runs is staged (raising the scheduling error when staging does not help); `every`
+    stages every reduction over a long axis, so that the last kernel reduces over none: an output that runs
+    along a long reduced axis (a softmax over a few very long rows) is then written by a kernel parallel over
+    all of it, and each stage may be split into chunks."""
     stages: list[Stage] = []
     extra: dict = {}
     term = spec.output_term
@@ -89,8 +92,9 @@ def staged(spec: Spec, max_rounds: int = 8) -> tuple[list[Stage], Spec]:
             schedule(last, last.output_term)
             # a reduction over a long axis of stages alone (the sum of the rows' sums) is a small kernel of its
             # own; left in the last kernel, every program of it would reduce it again along its loop
-            inner = [r for r in inner if {x.attrs[0] for x in ir.walk(r) if x.op == "load"} <= set(extra)]
-            if not stages or not inner:
+            if not every:
+                inner = [r for r in inner if {x.attrs[0] for x in ir.walk(r) if x.op == "load"} <= set(extra)]
+            if not inner or not (stages or every):
                 return stages, last
         except SpecError:
             if not inner or inner == [term]:   # nothing to stage but the whole term
