@@ -28,6 +28,11 @@ VECTOR_ROWS_CONFIG = {"num_warps": 4, "num_stages": 3, "row": 1, "loop": 2048}
 ELEMENTWISE_CONFIG = {"num_warps": 4, "num_stages": 1, "row": 2048}
 
 
+# a loop whose blocks each hold a matrix product with a K loop of its own (logits h W^T under a log-sum-exp over
+# the vocabulary): 128 x 256 output tiles in K steps of 64, as a matrix multiplication's best (see module.py)
+CONTRACTION_LOOP_BLOCK = 256
+
+
 def vector_rows(sched: Schedule) -> bool:
     return sched.streams_rows
 
@@ -55,6 +60,8 @@ def default_blocks(sched: Schedule) -> tuple[dict, dict]:
     if elementwise_rows(sched):
         gpu.update(num_warps=ELEMENTWISE_CONFIG["num_warps"], num_stages=ELEMENTWISE_CONFIG["num_stages"])
         row_block = ELEMENTWISE_CONFIG["row"]
+    if sched.chunked and sched.loop:
+        loop_block = CONTRACTION_LOOP_BLOCK
     if sched.row:
         gpu[f"BLOCK_{sched.row.upper()}"] = row_block
         cpu[f"BLOCK_{sched.row.upper()}"] = 16

@@ -14,8 +14,8 @@ from neptune_eqsat.runtime.configs import GLUON_KEYS
 from neptune_eqsat.plan.schedule import Schedule
 
 from . import blocks
-from .defaults import (COMBINE_CPU, COMBINE_GPU, GLUON_CONFIG, SPLIT_KEYS, VECTOR_ROWS_CONFIG, default_blocks,
-                       vector_rows, whole_row_lines)
+from .defaults import (COMBINE_CPU, COMBINE_GPU, CONTRACTION_LOOP_BLOCK, GLUON_CONFIG, SPLIT_KEYS,
+                       VECTOR_ROWS_CONFIG, default_blocks, vector_rows, whole_row_lines)
 from .gluon import WarpSpecialized, match_warp_specialized, render_warp_specialized
 from .gluon_writer import CONSUMERS, ROWS, GluonWriter
 from .kernel import KernelWriter, grid_sizes, jit_decorator
@@ -283,10 +283,11 @@ def _split_parts(sched: Schedule, comb: Combine, name: str, out_alloc: str, gpu:
     cpu.update(CHUNKS=0, COMBINE=ccpu)
     if sched.chunked:
         # fused linear cross-entropy over 4096 x 131072 x 4096 on an H100: 9.8 ms in 128 x 128 tiles, 3 stages, 8
-        # warps, against 40.8 in 16-row tiles read once (bench/suite/rows.py --sweep)
+        # warps, against 40.8 in 16-row tiles read once; 128 x 256 tiles: 7.5 ms, and 8.4 against 13.6 ms over
+        # 16384 x 32768 (bench/suite/rows.py --sweep, bench/results/h100/2026-11-24-lce-tiles)
         gpu.update(num_warps=8, num_stages=3, **({"STREAM": 0} if w.streamed else {}))
         cpu.update({"STREAM": 1} if w.streamed else {})
-        gpu[f"BLOCK_{sched.loop.upper()}"] = 128
+        gpu[f"BLOCK_{sched.loop.upper()}"] = CONTRACTION_LOOP_BLOCK
     elif w.streamed:
         # loads marked read-once and not pipelined (a pipelined load drops the mark), in key blocks of 128: on
         # an H100, grouped-query decode at KV 32k ran 59 us against 64 us pipelined, with the cache full of
