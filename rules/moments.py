@@ -54,7 +54,7 @@ def moments(body: str) -> tuple[tuple[int, sp.Expr, str], ...] | str:
             out.append((k, gk, COUNT))
             continue
         for name, form in BODIES.items():
-            ratio = sp.simplify(gk / form(SymOps(), U, X))
+            ratio = sp.cancel(gk / form(SymOps(), U, X))   # a rational function: cancel decides a constant ratio
             if ratio.is_Number and ratio != 0:
                 out.append((k, ratio, name))
                 break
