@@ -49,11 +49,16 @@ def spec_variant(tmp_path: Path, name: str, replace: dict[str, str]) -> str:
     return str(path)
 
 
+def on_device(forward, *tensors, **kwargs):
+    """forward(*tensors) on the test device (the interpreter on CPU, the compiled kernels on a GPU), back on CPU."""
+    return forward(*(t.to(DEVICE) for t in tensors), **kwargs).cpu()
+
+
 def run_against_reference(path: str, sizes: dict[str, int], seed: int = 0, inputs=None):
     """Run the generated kernel and the float64 reference; return (output, reference, max error)."""
     result, mod = compiled(path)
     inputs = inputs or random_inputs(result.spec, sizes, seed)
-    out = mod.forward(*inputs.values())
+    out = on_device(mod.forward, *inputs.values())
     ref = evaluate(result.spec, inputs)
     assert out.shape == ref.shape
     err = (out.double() - ref).abs().max().item() if out.numel() else 0.0

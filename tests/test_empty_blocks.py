@@ -5,7 +5,7 @@ as a risk in plans that repair, so every plan of such a spec matches float64 whe
 import pytest
 import torch
 
-from conftest import DEVICE, spec_variant
+from conftest import on_device, spec_variant
 from neptune_eqsat.compiler import optimize
 from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
 from neptune_eqsat.ir import walk
@@ -25,7 +25,7 @@ def _check(path: str, plan: str, sizes: dict, config: dict | None = None, prepar
     if prepare:
         prepare(inputs)
     ref = evaluate(result.spec, inputs)
-    out = mod.forward(*(t.to(DEVICE) for t in inputs.values()), **({"config": config} if config else {})).cpu()
+    out = on_device(mod.forward, *inputs.values(), **({"config": config} if config else {}))
     assert not torch.isnan(ref).any()
     assert not torch.isnan(out).any(), f"{torch.isnan(out).sum().item()} NaN in the {plan} plan's output"
     infinite = torch.isinf(ref)   # log-softmax of a -inf logit

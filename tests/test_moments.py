@@ -10,7 +10,7 @@ from neptune_eqsat.compiler import optimize
 from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
 from neptune_eqsat.runtime.loader import load_module
 
-from conftest import SPECS
+from conftest import SPECS, on_device
 
 LAYERNORM = SPECS / "layernorm.py"
 
@@ -47,14 +47,14 @@ def test_layernorm_matches_torch_and_float64_at_odd_sizes(tmp_path, dtype):
     R, N = 5, 77
     x = (torch.randn(R, N, generator=g) * 3 + 2).to(torch_dtype)
     w, b = torch.randn(N, generator=g).to(torch_dtype), torch.randn(N, generator=g).to(torch_dtype)
-    out = mod.forward(x, w, b)
+    out = on_device(mod.forward, x, w, b)
     ref = evaluate(result.spec, {"x": x, "w": w, "b": b})
     assert not torch.isnan(out).any()
     assert (out.double() - ref).abs().max().item() <= tolerance(result.spec.output_dtype)
     torch_ref = torch.nn.functional.layer_norm(x.double(), (N,), w.double(), b.double(), eps=1e-5)
     assert (ref - torch_ref).abs().max().item() < 1e-9   # the spec is torch's LayerNorm
     # a loop block left 0 is sized to the row by the launcher (the GPU default for rows of up to 32768)
-    whole = mod.forward(x, w, b, config={"BLOCK_J": 0})
+    whole = on_device(mod.forward, x, w, b, config={"BLOCK_J": 0})
     assert (whole.double() - ref).abs().max().item() <= tolerance(result.spec.output_dtype)
 
 
@@ -67,7 +67,7 @@ def test_rows_far_from_zero_keep_their_precision(tmp_path):
     x = torch.randn(R, N, generator=g) + 1000
     w, b = torch.randn(N, generator=g), torch.randn(N, generator=g)
     ref = torch.nn.functional.layer_norm(x.double(), (N,), w.double(), b.double(), eps=1e-5)
-    ours = (mod.forward(x, w, b).double() - ref).abs().max().item()
+    ours = (on_device(mod.forward, x, w, b).double() - ref).abs().max().item()
     theirs = (torch.nn.functional.layer_norm(x, (N,), w, b, eps=1e-5).double() - ref).abs().max().item()
     assert ours < max(10 * theirs, 1e-3), (ours, theirs)
 
@@ -85,7 +85,7 @@ def test_unbiased_variance_written_the_other_way_round_rolls(tmp_path):
     result, mod = compiled(path)
     assert result.chosen.sched.passes == 1 and result.saturation.fired["roll-sum-moments-square-of-rsub"]
     inputs = random_inputs(result.spec, {"R": 4, "N": 53}, seed=5)
-    out = mod.forward(*inputs.values())
+    out = on_device(mod.forward, *inputs.values())
     assert torch.allclose(out.double(), inputs["x"].double().var(-1), rtol=1e-4, atol=1e-5)
 
 
@@ -123,7 +123,7 @@ def test_long_rows_split_into_chunks_combined_by_their_moments(tmp_path):
         x = torch.randn(3, 1001, generator=g) * 2 + offset
         config = {**mod.INTERPRETER_CONFIG, "CHUNKS": chunks}
         ref = x.double().var(-1, unbiased=False)
-        ours = (mod.forward(x, config=config).double() - ref).abs().max().item()
+        ours = (on_device(mod.forward, x, config=config).double() - ref).abs().max().item()
         assert ours < 1e-5 * ref.abs().max().item(), (chunks, offset, ours)
 
 
@@ -145,7 +145,7 @@ def test_linear_cross_entropy_never_stores_the_logits_and_matches_torch(tmp_path
     h = (torch.randn(T, 300, generator=g) * 0.2).to(torch_dtype)
     w = (torch.randn(V, 300, generator=g) * 0.2).to(torch_dtype)
     target = torch.randint(0, V, (T,), generator=g).float()
-    loss = mod.forward(h, w, target)
+    loss = on_device(mod.forward, h, w, target)
     ref = torch.nn.functional.cross_entropy(h.double() @ w.double().T, target.long(), reduction="none")
     assert (loss.double() - ref).abs().max().item() <= tolerance(result.spec.output_dtype), dtype
     assert (evaluate(result.spec, {"h": h, "w": w, "target": target}) - ref).abs().max().item() < 1e-9
@@ -165,5 +165,5 @@ def test_every_plan_family_of_linear_cross_entropy_is_correct(tmp_path):
     ref = torch.nn.functional.cross_entropy(h.double() @ w.double().T, target.long(), reduction="none")
     for family in ("split", "rolled"):
         result = optimize(path, plan=family)
-        loss = load_module(result.source, f"lce_{family}").forward(h, w, target)
+        loss = on_device(load_module(result.source, f"lce_{family}").forward, h, w, target)
         assert (loss.double() - ref).abs().max().item() <= tolerance(result.spec.output_dtype), family

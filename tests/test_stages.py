@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import DEVICE, SPECS, compiled, spec_variant
+from conftest import DEVICE, SPECS, compiled, on_device, spec_variant
 from neptune_eqsat.compiler import optimize
 from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
 from neptune_eqsat.runtime.loader import load_module
@@ -29,7 +29,7 @@ def _run(path: str, sizes: dict, prepare=None):
     inputs = random_inputs(result.spec, sizes, seed=4)
     if prepare:
         prepare(inputs)
-    out = mod.forward(*(t.to(DEVICE) for t in inputs.values())).cpu()
+    out = on_device(mod.forward, *inputs.values())
     return result, inputs, out, evaluate(result.spec, inputs)
 
 
@@ -98,7 +98,7 @@ def test_a_few_very_long_rows_are_staged_so_every_kernel_fills_the_gpu(name):
     assert all(r.chosen.family.startswith("split") for _, r in result.stages)
     mod = load_module(result.source, result.spec.name)
     inputs = random_inputs(result.spec, {"R": 3, "N": 77}, seed=7)
-    out = mod.forward(*(t.to(DEVICE) for t in inputs.values())).cpu().double()
+    out = on_device(mod.forward, *inputs.values()).double()
     ref = evaluate(result.spec, inputs)
     assert (out - ref).abs().max().item() <= tolerance(result.spec.output_dtype) * max(1.0, ref.abs().max().item())
     if name == "layernorm":
