@@ -5,7 +5,7 @@ normalized by the row's weight."""
 import pytest
 import torch
 
-from conftest import SPECS, run_against_reference, spec_variant
+from conftest import DEVICE, SPECS, run_against_reference, spec_variant
 from neptune_eqsat import spec as language
 from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
 from neptune_eqsat.plan.autodiff import differentiate
@@ -34,16 +34,16 @@ def test_softplus_attention_against_float64(tmp_path, dtype):
 def test_softplus_is_differentiated_from_its_registry_derivative(tmp_path):
     spec = load_spec(spec_variant(tmp_path, "softplus_attention", {**SMALL, "f16": "f32"}))
     inputs = random_inputs(spec, {"B": 1, "S": 13}, seed=5)
-    xs = [t.clone().requires_grad_(True) for t in inputs.values()]
+    xs = [t.clone().to(DEVICE).requires_grad_(True) for t in inputs.values()]
     assert differentiate(spec).wrt == ("q", "k", "v")
     out = Differentiable(spec)(*xs)
     g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
-    out.backward(g.float())
+    out.backward(g.float().to(DEVICE))
     ref = {n: t.detach().clone().double().requires_grad_(True) for n, t in inputs.items()}
     evaluate(spec, ref, differentiable=True).backward(g)
     for x, (n, r) in zip(xs, ref.items()):
         scale = max(1.0, r.grad.abs().max().item())
-        assert (x.grad.double() - r.grad).abs().max().item() / scale < 4 * tolerance("f32"), n
+        assert (x.grad.cpu().double() - r.grad).abs().max().item() / scale < 4 * tolerance("f32"), n
 
 
 def test_an_op_without_a_derivative_is_refused_by_name(monkeypatch):
