@@ -46,8 +46,8 @@ class Result:
         by_name = {r.name: r for r in ALL_RULES}
         lines = [f"spec {self.spec.name}: {ir.show(self.spec.output_term)}", ""]
         if self.stages:
-            lines.append(f"{self.staged_because}: {len(self.stages)} stages, each a spec of its own, then the last "
-                         "kernel, which reads them")
+            lines.append(f"{self.staged_because}: {self.summary().split(', then ')[0]}, each a spec of its own, then "
+                         "the last kernel, which reads them")
             lines += [f"  {st.name}[{', '.join(st.axes)}] = {ir.show(st.spec.output_term)[:100]}: {r.summary()}"
                       for st, r in self.stages]
             lines += [f"the last kernel: {ir.show(self.chosen.term)[:160]}", ""]
@@ -110,7 +110,8 @@ class Result:
 
     def summary(self) -> str:
         c = self.chosen
-        staged = f"{len(self.stages)} stages, then " if self.stages else ""
+        n = len(self.stages)
+        staged = f"{n} stage{'s' if n != 1 else ''}, then " if n else ""
         return f"{staged}{c.family} plan, {c.sched.passes} pass(es)"
 
     def why(self) -> str:

@@ -2,11 +2,15 @@
 each stage a spec the compiler fuses on its own, its result read back by the next; the module runs them in order.
 """
 import pytest
+import sympy as sp
 import torch
 import torch.nn.functional as F
 
 from conftest import DEVICE, SPECS, compiled, on_device, spec_variant
+from neptune_eqsat import ir
 from neptune_eqsat.compiler import optimize
+from neptune_eqsat.proof.symbolic import proves
+from neptune_eqsat.rules.statistics import RULES as STATISTICS
 from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
 from neptune_eqsat.runtime.loader import load_module
 from neptune_eqsat.spec import load_spec
@@ -104,3 +108,18 @@ def test_a_few_very_long_rows_are_staged_so_every_kernel_fills_the_gpu(name):
     if name == "layernorm":
         x, w, b = (t.double() for t in inputs.values())
         assert (out - F.layer_norm(x, x.shape[-1:], w, b, eps=1e-5)).abs().max().item() < 1e-2
+
+
+def test_a_softmax_s_statistics_are_staged_as_one_log_sum_exp():
+    """Rewritten by the proved rules of rules/statistics.py, softmax and log-softmax stage m + log(sum_j exp(x -
+    m)) once (its own plan rolls both in one pass) instead of the maximum and the sum as two passes; a wrong
+    form of the rule is not proved."""
+    for name in ("softmax", "log_softmax"):
+        result = optimize(str(SPECS / f"{name}.py"), sizes={"R": 4, "N": 1 << 20})
+        (stage, part), = result.stages
+        assert ir.show(stage.spec.output_term).startswith("(max(j, x[r, j]) + log(sum(j, exp(")
+        assert part.chosen.sched.passes == 1
+    a, m = sp.symbols("a m", real=True)
+    assert not proves(sp.exp(a - m) / sp.Symbol("l", positive=True),
+                      sp.exp(a - (m - sp.log(sp.Symbol("l", positive=True)))))
+    assert all(r.proof[1] for r in STATISTICS)

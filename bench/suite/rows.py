@@ -122,6 +122,8 @@ OPS = {
                            tol=1e-5, shape="R=4,N=1048576"),
     "softmax_few_rows_one_kernel": Op("softmax", None, ((4, 1 << 20), (16, 1 << 20)), _logits,
                                       lambda x: torch.softmax(x, -1), tol=1e-5, shape="R=4,N=1048576", plan="rolled"),
+    "log_softmax_few_rows": Op("log_softmax", None, ((4, 1 << 20), (16, 1 << 20)), _logits,
+                               lambda x: torch.log_softmax(x, -1), tol=1e-4, shape="R=4,N=1048576"),
     "layernorm_few_rows": Op("layernorm", None, ((4, 1 << 20),), _layernorm_inputs(torch.float16), _layernorm_math,
                              _liger_layernorm, shape="R=4,N=1048576"),
     "layernorm_few_rows_one_kernel": Op("layernorm", None, ((4, 1 << 20),), _layernorm_inputs(torch.float16),

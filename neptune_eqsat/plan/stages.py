@@ -13,6 +13,7 @@ from neptune_eqsat import ir
 from neptune_eqsat.ir import Term
 from neptune_eqsat.plan.schedule import is_large, schedule
 from neptune_eqsat.frontend.spec import Extent, Spec, SpecError, Tensor
+from neptune_eqsat.rules.statistics import log_normalized
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,36 @@ def _innermost_long(spec: Spec, term: Term) -> list[Term]:
     return found
 
 
+def _statistics(spec: Spec, term: Term, extra: dict) -> list[Term]:
+    """The terms to stage this round: each innermost reduction over a long axis, widened to the largest term
+    around it with the same free axes that reduces over that axis alone (a mean sum / N; m + log(sum_j exp(x -
+    m)), which one stage computes in one pass) and reads no size its tensors do not carry (a stage binds its
+    sizes from them), outermost first; none inside another."""
+    parents: dict[Term, list[Term]] = {}
+    for t in ir.walk(term):
+        for a in t.args:
+            parents.setdefault(a, []).append(t)
+    shapes = {n: t.shape for n, t in spec.inputs.items()} | {n: shape for n, (_, shape) in extra.items()}
+
+    def over(t: Term, ax: str) -> bool:
+        if any(ir.is_reduction(x) and is_large(spec.axes_[x.attrs[1]]) and x.attrs[1] != ax for x in ir.walk(t)):
+            return False
+        carried = {e.name for x in ir.walk(t) if x.op == "load" for e in shapes[x.attrs[0]] if not isinstance(e, int)}
+        return {x.attrs[0] for x in ir.walk(t) if x.op == "dim"} <= carried
+
+    tops: list[Term] = []
+    for r in _innermost_long(spec, term):
+        top = r
+        while True:
+            up = next((p for p in parents.get(top, []) if p.free == r.free and over(p, r.attrs[1])), None)
+            if up is None:
+                break
+            top = up
+        if top not in tops:
+            tops.append(top)
+    return [t for t in tops if not any(t is not u and t in set(ir.walk(u)) for u in tops)]
+
+
 def staged(spec: Spec, max_rounds: int = 8, every: bool = False) -> tuple[list[Stage], Spec]:
     """The stages (in the order they run) and the last spec, which reads them and writes the output. By default
     only what no one kernel runs is staged (raising the scheduling error when staging does not help); `every`
@@ -83,11 +114,11 @@ def staged(spec: Spec, max_rounds: int = 8, every: bool = False) -> tuple[list[S
     all of it, and each stage may be split into chunks."""
     stages: list[Stage] = []
     extra: dict = {}
-    term = spec.output_term
+    term = log_normalized(spec.output_term)
     for _ in range(max_rounds):
         last = sub_spec(spec, spec.output_name, term, spec.output_axes, extra, spec.doc)
         last.name, last.output_dtype = f"{spec.name}_last", spec.output_dtype
-        inner = _innermost_long(spec, term)
+        inner = _statistics(spec, term, extra)
         try:
             schedule(last, last.output_term)
             # a reduction over a long axis of stages alone (the sum of the rows' sums) is a small kernel of its
