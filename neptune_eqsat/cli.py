@@ -168,6 +168,9 @@ def tune(spec_file: str, shape: str, output: str | None, budget: float, plan: st
         result = run(spec_file, sizes=sizes, plan=plan)
     except (SpecError, PlanError) as e:
         raise click.ClickException(str(e)) from e
+    if result.stages:   # tunables are one kernel's; a staged module runs several
+        raise click.ClickException(f"spec {result.spec.name} runs as {result.summary()}; tuning measures one "
+                                   "kernel's tunables, so it does not take a staged spec yet")
     mod = load_module(result.source, result.spec.name)
     key, tuned = tune_module(mod, result.spec.name, {**result.spec.typical, **sizes},
                              random_inputs_for(mod, {**result.spec.typical, **sizes}), budget)
