@@ -115,7 +115,8 @@ def test_profiles_round_trip_and_merge_concurrent_writers(tmp_path):
     profiles.store({"name": "GPU A", "sms": 10, "bandwidth": 1e12, "aliases": ["a"]}, path)
     profiles.store({"name": "GPU A", "sms": 12, "bandwidth": 2e12}, path)   # replaces, keeps the aliases
     assert profiles.load(path) == {"GPU A": {"aliases": ["a"], "sms": 12, "bandwidth": 2e12}}
-    with multiprocessing.get_context("fork").Pool(4) as pool:
+    # fresh interpreters: a fork of this process, whose other threads may hold locks, can hang
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
         pool.map(_store_profiles, [(path, n) for n in range(4)])
     loaded = profiles.load(path)
     assert len(loaded) == 41 and loaded["GPU 3-7"]["sms"] == 7

@@ -70,7 +70,8 @@ def _store_many(args):
 
 def test_database_merges_concurrent_writers(tmp_path):
     path = tmp_path / "db.json"
-    with multiprocessing.get_context("fork").Pool(4) as pool:
+    # fresh interpreters: a fork of this process, whose other threads may hold locks, can hang
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
         pool.map(_store_many, [(path, n) for n in range(4)])
     db = json.loads(path.read_text())
     assert len(db) == 80
