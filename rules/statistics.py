@@ -88,10 +88,4 @@ def _rewrite(y: Term) -> Term:
 
 def log_normalized(t: Term) -> Term:
     """t with a softmax's and a log-softmax's statistics written as one (the rules above, where proved)."""
-    memo: dict[Term, Term] = {}
-
-    def go(x: Term) -> Term:
-        if x not in memo:
-            memo[x] = _rewrite(Term(x.op, x.attrs, tuple(go(a) for a in x.args), x.origin) if x.args else x)
-        return memo[x]
-    return go(t)
+    return ir.bottom_up(t, _rewrite)

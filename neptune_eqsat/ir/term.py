@@ -135,6 +135,19 @@ def reductions_over(t: Term, ax: str) -> list[Term]:
     return found
 
 
+def bottom_up(t: Term, fn) -> Term:
+    """t rebuilt from its leaves up, each node (with its children already rebuilt) replaced by fn(node); each
+    shared subterm is rebuilt once."""
+    memo: dict[Term, Term] = {}
+
+    def go(x: Term) -> Term:
+        if x not in memo:
+            memo[x] = fn(Term(x.op, x.attrs, tuple(go(a) for a in x.args), x.origin) if x.args else x)
+        return memo[x]
+
+    return go(t)
+
+
 def substitute(t: Term, mapping: dict[Term, Term]) -> Term:
     memo: dict[Term, Term] = {}
 

@@ -257,17 +257,7 @@ def _products(t: Term, dtypes: dict[str, str]) -> Term:
     (sum_e (dO / L) * V = (sum_e dO * V) / L; constants likewise), and where one of the two operands left is a
     16-bit tensor the other is rounded to its dtype, as the forward rounds its probabilities before P V: the
     adjoint's dS and P / L meet dO, K and Q on the tensor cores in 16 bits, accumulating in fp32."""
-    memo: dict[Term, Term] = {}
-
-    def go(x: Term) -> Term:
-        if x in memo:
-            return memo[x]
-        y = Term(x.op, x.attrs, tuple(go(a) for a in x.args), x.origin) if x.args else x
-        if y.op == "red" and y.attrs[0] == "sum":
-            y = _as_product(y, dtypes)
-        memo[x] = y
-        return y
-    return go(t)
+    return ir.bottom_up(t, lambda y: _as_product(y, dtypes) if y.op == "red" and y.attrs[0] == "sum" else y)
 
 
 def _as_product(r: Term, dtypes: dict[str, str]) -> Term:

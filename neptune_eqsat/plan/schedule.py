@@ -77,7 +77,6 @@ def _apart(spec: Spec, term: Term, axes: set[str]) -> tuple[Spec, Term]:
     spec is left as it is."""
     copies = {ax: next(f"{ax}{n}" for n in range(2, 1 << 20) if f"{ax}{n}" not in spec.axes_) for ax in sorted(axes)}
     spec = replace(spec, axes_={**spec.axes_, **{copy: spec.axes_[ax] for ax, copy in copies.items()}})
-    memo: dict[Term, Term] = {}
 
     def relabel(x: Term, ax: str, copy: str, seen: dict[Term, Term]) -> Term:
         """x with axis ax read as its copy. A reduction over a long axis (the loop's state, a whole loop of
@@ -93,19 +92,15 @@ def _apart(spec: Spec, term: Term, axes: set[str]) -> tuple[Spec, Term]:
                 seen[x] = ir.Term(x.op, x.attrs, tuple(relabel(a, ax, copy, seen) for a in x.args), x.origin)
         return seen[x]
 
-    def go(x: Term) -> Term:
-        if x in memo:
-            return memo[x]
-        y = ir.Term(x.op, x.attrs, tuple(go(a) for a in x.args), x.origin) if x.args else x
-        if ir.is_reduction(y) and y.attrs[1] in axes:
-            ax, copy = y.attrs[1], copies[y.attrs[1]]
-            renamed: dict[Term, Term] = {}
-            y = ir.Term(y.op, (y.attrs[0], copy) + y.attrs[2:], tuple(relabel(a, ax, copy, renamed) for a in y.args),
-                        y.origin)
-        memo[x] = y
-        return y
+    def apart(y: Term) -> Term:
+        if not (ir.is_reduction(y) and y.attrs[1] in axes):
+            return y
+        ax, copy = y.attrs[1], copies[y.attrs[1]]
+        renamed: dict[Term, Term] = {}
+        return ir.Term(y.op, (y.attrs[0], copy) + y.attrs[2:], tuple(relabel(a, ax, copy, renamed) for a in y.args),
+                       y.origin)
 
-    return spec, go(term)
+    return spec, ir.bottom_up(term, apart)
 
 
 def _loop_axis(spec: Spec, reds: list[Term]) -> tuple[str | None, tuple[str, ...]]:
