@@ -46,8 +46,8 @@ class Result:
         by_name = {r.name: r for r in ALL_RULES}
         lines = [f"spec {self.spec.name}: {ir.show(self.spec.output_term)}", ""]
         if self.stages:
-            lines.append(f"{self.staged_because}: {self.summary().split(', then ')[0]}, each a spec of its own, then "
-                         "the last kernel, which reads them")
+            lines.append(f"{self.staged_because}: {self.stage_count}, each a spec of its own, then the last kernel, "
+                         "which reads them")
             lines += [f"  {st.name}[{', '.join(st.axes)}] = {ir.show(st.spec.output_term)[:100]}: {r.summary()}"
                       for st, r in self.stages]
             lines += [f"the last kernel: {ir.show(self.chosen.term)[:160]}", ""]
@@ -108,10 +108,14 @@ class Result:
         lines.append(f"why: {self.why()}")
         return "\n".join(lines)
 
+    @property
+    def stage_count(self) -> str:
+        n = len(self.stages)
+        return f"{n} stage{'s' if n != 1 else ''}"
+
     def summary(self) -> str:
         c = self.chosen
-        n = len(self.stages)
-        staged = f"{n} stage{'s' if n != 1 else ''}, then " if n else ""
+        staged = f"{self.stage_count}, then " if self.stages else ""
         return f"{staged}{c.family} plan, {c.sched.passes} pass(es)"
 
     def why(self) -> str:
@@ -164,20 +168,25 @@ def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, devic
         sat, cands = again, candidates(again, spec, sizes, device, plan_times(measured))
     if not cands:
         why = "; ".join(sat.rejected) or "every form left in the e-graph is banned in every plan family"
-        return _as_stages(spec, sizes, device, limits, plan, f"spec {spec.name}: no plan could be extracted ({why})")
+        result = _as_stages(spec, sizes, device, limits)
+        if result is None:
+            raise SpecError(f"spec {spec.name}: no plan could be extracted ({why})")
+        if plan is not None:
+            raise PlanError(f"spec {spec.name} runs as {result.summary()}; --plan names the plan of one kernel")
+        result.staged_because = "no one kernel runs this spec (reductions over several long axes)"
+        return result
     if plan is not None:
         cands = _force(cands, plan, spec.name)
-    else:
-        one = _one_kernel_cost(cands[0], sizes, device)
-        if cands[0].sched.writes_loop and one.programs < UNDER_FILLED * device.sms:
-            staged_result = _as_stages(spec, sizes, device, limits, None, "", every=True)
-            seconds = cands[0].measured or one.seconds
-            if staged_result is not None and _staged_seconds(staged_result) < seconds:
-                staged_result.staged_because = (
-                    f"the one-kernel plan ({cands[0].family}) writes along its loop axis {cands[0].sched.loop} with "
-                    f"{one.programs} programs on {device.sms} SMs: staged {_staged_seconds(staged_result) * 1e6:.1f} "
-                    f"us against its {seconds * 1e6:.1f} us")
-                return staged_result
+    elif cands[0].sched.writes_loop and (one := _one_kernel_cost(cands[0], sizes, device)).programs < \
+            UNDER_FILLED * device.sms:
+        result = _as_stages(spec, sizes, device, limits, every=True)
+        seconds = cands[0].measured or one.seconds
+        if result is not None and (staged_seconds := _staged_seconds(result)) < seconds:
+            result.staged_because = (
+                f"the one-kernel plan ({cands[0].family}) writes along its loop axis {cands[0].sched.loop} with "
+                f"{one.programs} programs on {device.sms} SMs: staged {staged_seconds * 1e6:.1f} us against its "
+                f"{seconds * 1e6:.1f} us")
+            return result
     best = cands[0]
     tuned = config_for(measured, best.family)
     src = module_source(best.plan, module_name(spec), spec_file or "SPEC.py", out_file or "OUT.py",
@@ -200,29 +209,21 @@ def _staged_seconds(result: Result) -> float:
     return sum(r.chosen.rank() for _, r in result.stages) + result.chosen.rank() + STAGE_LAUNCH * len(result.stages)
 
 
-def _as_stages(spec: Spec, sizes: dict[str, int], device: Device, limits: Limits | None, plan: str | None,
-               refused: str, every: bool = False) -> Result | None:
-    """The spec as stages (plan/stages.py), each optimized as a spec of its own: when no one kernel runs it
-    (raising `refused` if staging does not help), or, with `every`, every reduction over a long axis staged so
-    that the last kernel writes in parallel (None where that gives no stages)."""
+def _as_stages(spec: Spec, sizes: dict[str, int], device: Device, limits: Limits | None,
+               every: bool = False) -> Result | None:
+    """The spec as stages (plan/stages.py), each optimized as a spec of its own: what no one kernel runs, or,
+    with `every`, every reduction over a long axis, so that the last kernel writes in parallel. None where
+    staging gives no stages (one kernel runs the spec as written) or does not help."""
     try:
         stages, last = staged(spec, every=every)
     except SpecError:
-        if every:
-            return None
-        raise SpecError(refused) from None
-    if not stages:   # one kernel runs the spec as written: staging is not what failed
-        if every:
-            return None
-        raise SpecError(refused)
-    if plan is not None:
-        raise PlanError(f"spec {spec.name} runs as {len(stages)} stages and a last kernel; --plan names the plan "
-                        "of one kernel")
+        return None
+    if not stages:
+        return None
     parts = tuple((st, optimize(st.spec, sizes, device, limits)) for st in stages)
     final = optimize(last, sizes, device, limits)
     source = staged_module_source(spec, [(st, r.source) for st, r in parts], last, final.source)
-    return replace(final, spec=spec, source=source, stages=parts,
-                   staged_because="" if every else "no one kernel runs this spec (reductions over several long axes)")
+    return replace(final, spec=spec, source=source, stages=parts)
 
 
 def _force(cands: list[Candidate], family: str, spec_name: str) -> list[Candidate]:
