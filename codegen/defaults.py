@@ -33,10 +33,6 @@ ELEMENTWISE_CONFIG = {"num_warps": 4, "num_stages": 1, "row": 2048}
 CONTRACTION_LOOP_BLOCK = 256
 
 
-def vector_rows(sched: Schedule) -> bool:
-    return sched.streams_rows
-
-
 def elementwise_rows(sched: Schedule) -> bool:
     return bool(sched.row) and not sched.loop and not sched.inner and sched.col is None
 
@@ -54,7 +50,7 @@ def whole_row_lines(block: str, length: str) -> list[str]:
 def default_blocks(sched: Schedule) -> tuple[dict, dict]:
     gpu, cpu = dict(GPU_CONFIG), dict(INTERPRETER_CONFIG)
     row_block, loop_block = 128, 128
-    if vector_rows(sched):
+    if sched.streams_rows:
         gpu.update(num_warps=VECTOR_ROWS_CONFIG["num_warps"], num_stages=VECTOR_ROWS_CONFIG["num_stages"])
         row_block, loop_block = VECTOR_ROWS_CONFIG["row"], VECTOR_ROWS_CONFIG["loop"]
     if elementwise_rows(sched):

@@ -15,7 +15,7 @@ from neptune_eqsat.plan.schedule import Schedule
 
 from . import blocks
 from .defaults import (COMBINE_CPU, COMBINE_GPU, CONTRACTION_LOOP_BLOCK, GLUON_CONFIG, SPLIT_KEYS,
-                       VECTOR_ROWS_CONFIG, default_blocks, vector_rows, whole_row_lines)
+                       VECTOR_ROWS_CONFIG, default_blocks, whole_row_lines)
 from .gluon import WarpSpecialized, match_warp_specialized, render_warp_specialized
 from .gluon_writer import CONSUMERS, ROWS, GluonWriter
 from .kernel import KernelWriter, grid_sizes, jit_decorator
@@ -211,7 +211,7 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
             if w.row_order:
                 order = [f"    cfg['ROW_ORDER'] = _row_order({tables[0].param}_skewed, cfg, config)"]
         whole_row = []
-        if vector_rows(sched):   # BLOCK 0: the launcher sizes the loop block to the row (whole_row_lines)
+        if sched.streams_rows:   # BLOCK 0: the launcher sizes the loop block to the row (whole_row_lines)
             gpu[f"BLOCK_{sched.loop.upper()}"] = 0
             whole_row = whole_row_lines(f"BLOCK_{sched.loop.upper()}", w.ext(sched.loop))
         launch = [out_alloc] + whole_row + [blocks.builder_call(t, w, "cfg") for t in tables] + order + \
@@ -278,7 +278,7 @@ def _split_parts(sched: Schedule, comb: Combine, name: str, out_alloc: str, gpu:
     # few query rows: the smallest tile the matrix units take; a row at a time where there is no matrix product;
     # a long contraction inside the loop is a matrix multiplication's K loop: tiles as large as its best
     cpu[row] = 16
-    gpu[row] = VECTOR_ROWS_CONFIG["row"] if vector_rows(sched) else 128 if sched.chunked else 16
+    gpu[row] = VECTOR_ROWS_CONFIG["row"] if sched.streams_rows else 128 if sched.chunked else 16
     gpu.update(num_warps=4, CHUNKS=0, COMBINE=cgpu)
     cpu.update(CHUNKS=0, COMBINE=ccpu)
     if sched.chunked:
@@ -294,7 +294,7 @@ def _split_parts(sched: Schedule, comb: Combine, name: str, out_alloc: str, gpu:
         # dirty lines as after any kernel that wrote; as fast with a clean cache (bench/experiments/2026-11-22-decode-load-form)
         gpu.update(STREAM=1, num_stages=1)
         cpu["STREAM"] = 1
-    elif not vector_rows(sched):
+    elif not sched.streams_rows:
         gpu[f"BLOCK_{sched.loop.upper()}"] = 64   # short key blocks (best in a sweep on an H100)
     rows, rest = _grid(w, sched, "cfg")
     n, bj = w.ext(sched.loop), f"cfg['BLOCK_{sched.loop.upper()}']"
