@@ -3,9 +3,9 @@
 exp(a) = exp2(a * log2 e); the factor then moves through differences, masks (where(p, a, -inf)), the
 empty-row guard where(m == -inf, 0, m), running maxima and prev, until it meets the score's scale and folds
 into one constant. A difference x - max_j x gets the guard too (guard-partial-max): the cost model prices the
-unguarded form as a risk in plans whose maxima are partial. tanh and the logistic function become logistic2(x) = 1 / (1 + 2^x) (one exp2 and one
-reciprocal, saturating to 0 or 1 instead of overflowing), whose argument's factor folds the same way, and a cap
-that multiplies tanh distributes over 1 - 2 logistic2. Each rule is proved; which forms win is the cost
+unguarded form as a risk in plans whose maxima are partial. tanh and the logistic function become
+logistic2(x) = 1 / (1 + 2^x) (one exp2 and one reciprocal, saturating to 0 or 1 instead of overflowing), whose
+argument's factor folds the same way, and a cap that multiplies tanh distributes over 1 - 2 logistic2. Each rule is proved; which forms win is the cost
 model's choice.
 """
 import math
@@ -37,12 +37,15 @@ def _proved(statement: str, lhs, rhs):
     return lambda: (statement, proves(lhs, rhs))
 
 
+def _sym_guard(v):
+    """where(v == -inf, 0, v) in sympy."""
+    return sp.Piecewise((0, sp.Eq(v, -sp.oo)), (v, True))
+
+
 def _empty_guard_obligation() -> tuple[str, bool]:
     """where(a == -inf, 0, a) * k = where(a*k == -inf, 0, a*k) for k > 0, over the reals and at a = -inf, +inf."""
     def guarded(v, scale_inside: bool):
-        if scale_inside:
-            return sp.Piecewise((0, sp.Eq(v * kpos, -sp.oo)), (v * kpos, True))
-        return sp.Piecewise((0, sp.Eq(v, -sp.oo)), (v, True)) * kpos
+        return _sym_guard(v * kpos) if scale_inside else _sym_guard(v) * kpos
     finite = proves(guarded(sa, False), guarded(sa, True))
     infinite = all(sp.simplify(guarded(v, False)) == sp.simplify(guarded(v, True)) for v in (-sp.oo, sp.oo))
     return "where(a == -inf, 0, a)*k = where(a*k == -inf, 0, a*k), k > 0, a real or +-inf", finite and infinite
@@ -51,9 +54,8 @@ def _empty_guard_obligation() -> tuple[str, bool]:
 def _partial_max_guard_obligation() -> tuple[str, bool]:
     """x - max_j x = x - where(max_j x == -inf, 0, max_j x): equal for a finite max; where the max is -inf every
     x is -inf, and the written form is undefined (-inf - -inf) while the guarded one is -inf (exp of it 0)."""
-    guarded = lambda mx: sp.Piecewise((0, sp.Eq(mx, -sp.oo)), (mx, True))
-    finite = proves(sa - sb, sa - guarded(sb))
-    empty = (-sp.oo - (-sp.oo)) is sp.nan and sp.simplify(-sp.oo - guarded(-sp.oo)) == -sp.oo
+    finite = proves(sa - sb, sa - _sym_guard(sb))
+    empty = (-sp.oo - (-sp.oo)) is sp.nan and sp.simplify(-sp.oo - _sym_guard(-sp.oo)) == -sp.oo
     return ("x - m = x - where(m == -inf, 0, m) for m = max_j x finite; at m = -inf (every x -inf) the left "
             "side is undefined and the right -inf"), bool(finite and empty)
 
