@@ -15,6 +15,8 @@ import torch
 import triton
 
 from neptune_eqsat.runtime.configs import bucket, split_count
+from neptune_eqsat.runtime.ahead import (_AHEAD, _after_this_call, _ahead_enabled, _compiled, _future, _submit,
+                                         _wait, _warming)
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # a generated module sets it above its kernels
 
@@ -29,7 +31,7 @@ try:   # Gluon kernels take descriptors that also carry their shared-memory layo
 except ImportError:
     gl = GluonDescriptor = None
 
-_COMPILED = {}   # (kernel, grid, config, argument specialization) -> compiled kernel
+_COMPILED = {}   # (grid, (kernel, config, argument specialization)) -> compiled kernel
 _REPLAYS = {}    # signature of the inputs -> replay of the recorded launches
 
 
@@ -175,7 +177,7 @@ def _build_table(key, build, consts, tensors):
     replayed on copies of the tensors: the table of a call is ready before the kernel of the same stream
     reads it, and the next build on that stream overwrites it only after."""
     device = tensors[0].device
-    if device.type != "cuda":
+    if device.type != "cuda" or _warming():   # a warm pass on another thread must not capture
         return build(*consts, *tensors)
     entry = _GRAPHS.get(key)
     if entry is None:
@@ -300,20 +302,50 @@ def _specialization(a):
 
 
 def _launch(rec, kernel, grid, args, cfg, constexprs):
-    """Launch a kernel; on the GPU keep the compiled kernel per argument specialization."""
+    """Launch a kernel; on the GPU keep the compiled kernel per argument specialization. In a warm pass
+    (ahead.py) submit its compile instead; a launch whose compile runs in the background waits for it."""
     first = args[0].base if _is_descriptor(args[0]) else args[0]
     if first.device.type != "cuda" or not _replay_enabled():
         _fitted(kernel, grid, args, cfg)
         return
     grid = tuple(grid) + (1,) * (3 - len(grid))
-    key = (kernel, grid, *cfg.items(), *constexprs, *map(_specialization, args))
+    compile_key = (kernel, *cfg.items(), *constexprs, *map(_specialization, args))
+    key = (grid, compile_key)
     compiled = _COMPILED.get(key)
+    if _warming():
+        if compiled is None and not _compiled(compile_key):
+            _AHEAD.futures.append(_submit(compile_key, first.device, kernel, grid, args, cfg))
+        return
     if compiled is None:
+        _wait(compile_key)
         compiled = _COMPILED[key] = _fitted(kernel, grid, args, cfg)
     else:
         _run(compiled, grid, _current_stream(first.device), list(args) + list(constexprs))
     if rec is not None:
         rec.launched(compiled, grid, args, constexprs)
+
+
+_READY = set()   # compile keys of Gluon kernels whose compile has finished
+
+
+def _gluon_ready(kernel, args, cfg, constexprs, config):
+    """Does this call take the Gluon kernel? It compiles in 2-5 s against 1-2 s for the Triton kernel of the
+    same plan (an H100), so while it compiles in the background calls take the Triton kernel, and the replays
+    recorded meanwhile are dropped when it is ready. Always for a call with a config of its own, or where
+    compiling ahead is off."""
+    first = args[0].base
+    key = (kernel, *cfg.items(), *constexprs, *map(_specialization, args))
+    if key in _READY or config is not None or not _ahead_enabled() or not _replay_enabled():
+        return True
+    future = _future(key)
+    if future is None:
+        _after_this_call(lambda: _submit(key, first.device, kernel, (1, 1, 1), args, cfg).add_done_callback(
+            lambda _: _REPLAYS.clear()))
+        return False
+    if future.done():
+        _READY.add(key)
+        return True
+    return False
 
 
 def _fitted(kernel, grid, args, cfg):
@@ -380,5 +412,5 @@ def _setup(inputs, gpu_config, interpreter_config, tuned, tuned_for, tensors, co
     if device.type == "cuda":
         cfg.update(_measured_config(tuned, tuned_for, _gpu_name(device), bucket(sizes)))
     cfg.update(config or {})
-    rec = _Recording(tensors) if device.type == "cuda" and _replay_enabled() else None
+    rec = _Recording(tensors) if device.type == "cuda" and _replay_enabled() and not _warming() else None
     return sizes, device, cfg, rec

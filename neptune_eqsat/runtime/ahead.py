@@ -1,0 +1,171 @@
+"""Compiling ahead, copied into each generated module with launch.py: the first call on a GPU compiles all of
+its kernels at once on background threads instead of one after another, and then, still in the background,
+the kernels of the same call at lengths of Triton's other specialization class, so that a new sequence length
+does not wait for a compile.
+
+Triton compiles a kernel again for an integer argument that is 1, a multiple of 16 or neither; a sequence
+length stays specialized because knowing it is a multiple of 16 makes kernels faster (codegen/kernel.py's
+grid_sizes). Triton's compile releases the interpreter lock for most of its work (MLIR, LLVM, ptxas), so
+kernels compiled on threads build in parallel and the calling thread runs on meanwhile.
+
+A warm pass runs the module's forward with the launches replaced by compiles submitted to the threads (no
+kernel runs, no replay is recorded, no CUDA graph is captured). Calls with a config of their own do none of
+this, and NEPTUNE_EQSAT_COMPILE_AHEAD=0 turns it off for all calls: every kernel then compiles when it first
+launches, as Triton does by itself.
+"""
+import concurrent.futures
+import math
+import os
+import threading
+
+import torch
+
+# ---- copied into every generated module from here on
+_AHEAD = threading.local()   # .futures: the compiles a warm pass on this thread submitted; .later: to submit after
+_PENDING = {}                # a kernel's compile key (config, argument specialization) -> its Future
+_BACKGROUND = []             # every Future submitted, for wait_for_compiles
+_POOL = []                   # the compile threads, started on first use
+
+
+def _ahead_enabled():
+    return os.environ.get("NEPTUNE_EQSAT_COMPILE_AHEAD", "1") != "0"
+
+
+def _warming():
+    """Is this thread running a warm pass (compile, do not launch)?"""
+    return getattr(_AHEAD, "futures", None) is not None
+
+
+def _pool():
+    if not _POOL:
+        workers = max(2, min(8, os.cpu_count() or 2))
+        _POOL.append(concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="neptune-compile"))
+    return _POOL[0]
+
+
+def _in_background(device, job, *args):
+    """job(*args) on a compile thread, with `device` current there (Triton compiles for the current device)."""
+    def on_device():
+        if device.type != "cuda":
+            return job(*args)
+        with torch.cuda.device(device):
+            return job(*args)
+    future = _pool().submit(on_device)
+    _BACKGROUND.append(future)
+    return future
+
+
+def _submit(key, device, kernel, grid, args, cfg):
+    """The Future of compiling `kernel` for these arguments (Triton's warmup: compile, keep, do not launch);
+    one per compile key."""
+    future = _PENDING.get(key)
+    if future is None:
+        future = _PENDING[key] = _in_background(device, lambda: kernel.warmup(*args, grid=grid, **cfg))
+    return future
+
+
+def _future(key):
+    """The Future of the background compile of `key`; None where none was submitted."""
+    return _PENDING.get(key)
+
+
+def _compiled(key):
+    """Has the background compile of `key` finished (a launch of another grid, or an earlier warm pass)?"""
+    future = _future(key)
+    return future is not None and future.done()
+
+
+def _wait(key):
+    """Wait for the background compile of `key`, if any (its error, if any, is raised by the launch itself)."""
+    future = _future(key)
+    if future is not None:
+        concurrent.futures.wait([future])
+
+
+def wait_for_compiles():
+    """Block until every background compile started so far has finished (a benchmark calls this before it
+    times, so that no compile shares the CPU with the timed calls)."""
+    while True:
+        pending = [f for f in _BACKGROUND if not f.done()]
+        if not pending:
+            _BACKGROUND.clear()
+            return
+        concurrent.futures.wait(pending)
+
+
+def _warm_pass(forward, tensors, config):
+    """Run forward with its launches replaced by background compiles: (the Futures submitted, the compiles to
+    submit once those are done). A failure here is not the call's: the call itself compiles what is left and
+    reports it."""
+    _AHEAD.futures, _AHEAD.later = [], []
+    try:
+        forward(*tensors, config=config)
+    except Exception:   # noqa: BLE001 - the real call raises it, with its context
+        pass
+    finally:
+        futures, later, _AHEAD.futures, _AHEAD.later = _AHEAD.futures, _AHEAD.later, None, None
+    return futures, later
+
+
+def _after_this_call(submit):
+    """submit() once the kernels this call waits for are compiled, when a warm pass runs; else now. Compiles
+    on several threads share the interpreter lock for their Python parts: one that nothing waits for yet
+    would slow the call's own (on an H100 concurrent compiles made first calls 30-50% slower)."""
+    if _warming():
+        _AHEAD.later.append(submit)
+    else:
+        submit()
+
+
+def _other_length(n):
+    """A length in Triton's other specialization class: n + 1 after a multiple of 16, else the next multiple."""
+    return n + 1 if n % 16 == 0 else n + 16 - n % 16
+
+
+def _zeros_like_layout(x, shape):
+    """Zeros of `shape` laid out as x is (its dimensions in the same order of strides), so that strides fall in
+    the same classes as the caller's."""
+    order = sorted(range(x.dim()), key=lambda d: -x.stride(d))
+    t = torch.zeros([shape[d] for d in order], dtype=x.dtype, device=x.device)
+    return t.permute([order.index(d) for d in range(x.dim())])
+
+
+def _sibling_inputs(inputs, lengths, tensors):
+    """Inputs like `tensors` with every length of `lengths` (a size Triton specializes on, not 1) moved to the
+    other specialization class; None when there is none, or when they would take over a quarter of the free
+    GPU memory."""
+    sizes = {}
+    for (dtype, shape), x in zip(inputs.values(), tensors):
+        sizes.update((d, n) for d, n in zip(shape, x.shape) if isinstance(d, str))
+    moved = {d: _other_length(sizes[d]) for d in lengths if sizes.get(d, 1) > 1}
+    if not moved:
+        return None
+    sizes.update(moved)
+    shapes = [[sizes[d] if isinstance(d, str) else d for d in shape] for dtype, shape in inputs.values()]
+    need = sum(math.prod(s) * x.element_size() for s, x in zip(shapes, tensors))
+    if tensors[0].is_cuda and need > torch.cuda.mem_get_info(tensors[0].device)[0] // 4:
+        return None
+    return [_zeros_like_layout(x, s) for x, s in zip(tensors, shapes)]
+
+
+def _compile_ahead(forward, tensors, config, inputs, lengths):
+    """Before the launches of a GPU call that does not replay: compile its kernels together, waiting for them;
+    then, in the background, those it put off (a Gluon kernel) and, where it compiled any, those of its
+    lengths' other class. Not for a call with a
+    config of its own (a tuner's or an experiment's: it runs exactly what it names, compiled when launched)."""
+    if config is not None or _warming() or not _ahead_enabled():
+        return
+    futures, later = _warm_pass(forward, tensors, config)
+    concurrent.futures.wait(futures)
+    for submit in later:
+        submit()
+    if futures:
+        _in_background(tensors[0].device, _warm_siblings, forward, config, inputs, lengths, tensors)
+
+
+def _warm_siblings(forward, config, inputs, lengths, tensors):
+    siblings = _sibling_inputs(inputs, lengths, tensors)
+    if siblings is not None:
+        futures, later = _warm_pass(forward, siblings, config)
+        for submit in later:
+            submit()
