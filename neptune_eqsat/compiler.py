@@ -146,6 +146,15 @@ def module_name(spec: Spec) -> str:
     return re.sub(r"\W", "_", spec.name)
 
 
+def _saturated_candidates(spec: Spec, sizes: dict, device: Device, measured, limits: Limits | None):
+    """Saturate the spec's term and extract its candidate plans; the e-graph is freed before returning."""
+    sat = saturate(spec.output_term, limits, extents=spec.axis_dims)
+    try:
+        return sat, candidates(sat, spec, sizes, device, plan_times(measured))
+    finally:
+        sat.release()
+
+
 def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, device: Device | None = None,
              limits: Limits | None = None, spec_file: str | None = None, out_file: str | None = None,
              plan: str | None = None, dtype: str | None = None) -> Result:
@@ -160,12 +169,11 @@ def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, devic
     sizes = {**spec.typical, **(sizes or {})}
     device = device or Device.detect()
     measured = measured_plans(spec.name, sizes, device.name)
-    sat = saturate(spec.output_term, limits, extents=spec.axis_dims)
-    cands = candidates(sat, spec, sizes, device, plan_times(measured))
+    sat, cands = _saturated_candidates(spec, sizes, device, measured, limits)
     if sat.malformed:   # an extraction that did not read as the spec's term: saturate once more, afresh
-        again = saturate(spec.output_term, limits, extents=spec.axis_dims)
+        again, cands = _saturated_candidates(spec, sizes, device, measured, limits)
         again.rejected[:0] = [f"(first saturation) {r}" for r in sat.rejected]
-        sat, cands = again, candidates(again, spec, sizes, device, plan_times(measured))
+        sat = again
     if not cands:
         why = "; ".join(sat.rejected) or "every form left in the e-graph is banned in every plan family"
         result = _as_stages(spec, sizes, device, limits)

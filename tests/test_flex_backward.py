@@ -153,7 +153,7 @@ def test_gradients_under_torch_compile_match_eager():
     """The forward and backward operators are opaque nodes of a compiled graph: fullgraph compiles, and the
     gradients are the eager ones."""
     g = torch.Generator().manual_seed(2)
-    q, k, v = (torch.randn(1, 2, 19, 16, generator=g, device=DEVICE).requires_grad_() for _ in range(3))
+    q, k, v = (torch.randn(1, 2, 19, 16, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
 
     def loss(q, k, v):
         return flex_attention(q, k, v, mask_mod=causal).square().sum()

@@ -156,14 +156,17 @@ def test_logistic_function_becomes_logistic2_and_stays_right(tmp_path):
 
 
 def test_a_malformed_extracted_term_is_rejected_not_scheduled():
-    """Extraction must only yield terms of the spec; one that is not (a reduction over an unknown axis) is
-    skipped and reported, and the other plans remain."""
+    """Extraction must only yield terms of the spec; one that is not (a reduction over an unknown axis or by an
+    unknown reducer, names that belong elsewhere in the term) is skipped and reported, and the other plans
+    remain."""
     from neptune_eqsat import ir
     from neptune_eqsat.plan.extract import _malformed
     spec = load_spec(SPECS / "softmax.py")
     assert _malformed(spec, spec.output_term) == ""
     bad = ir.red("sum", "add", ir.load("x", ir.axis("r"), ir.axis("j")))
     assert "a reduction over 'add'" in _malformed(spec, bad)
+    by_product = ir.red("mul", "j", ir.load("x", ir.axis("r"), ir.axis("j")))   # seen once in a backward spec
+    assert "a reduction by 'mul', not a reducer" in _malformed(spec, by_product)
     assert "not an input" in _malformed(spec, ir.load("y", ir.axis("r")))
 
 

@@ -1,4 +1,7 @@
 """Saturation in rounds of rule families: the same plans as a fixed budget of steps, stops it reports, limits."""
+import gc
+import sys
+import threading
 import time
 from collections import Counter
 
@@ -94,3 +97,21 @@ def test_a_subset_of_families_runs_in_the_schedule_order():
     assert saturate(term, families=["rolling", "algebra"]).schedule == ("algebra", "rolling")
     with pytest.raises(KeyError, match="no rule family nope"):
         saturate(term, families=["algebra", "nope"])
+
+
+def test_the_egraph_is_freed_on_the_thread_that_compiled():
+    """egglog's state sits in reference cycles; a collection on another thread (a kernel compile thread) must
+    not be the one to free an e-graph, which egglog allows only on the thread that made it."""
+    errors = []
+    hook, sys.unraisablehook = sys.unraisablehook, lambda u: errors.append(str(u.exc_value))
+    gc.collect()
+    gc.disable()
+    try:
+        optimize(str(SPECS / "softmax.py"))
+        collector = threading.Thread(target=gc.collect)
+        collector.start()
+        collector.join()
+    finally:
+        gc.enable()
+        sys.unraisablehook = hook
+    assert not [e for e in errors if "unsendable" in e], errors

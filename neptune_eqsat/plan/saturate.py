@@ -59,6 +59,15 @@ class Saturation:
     rejected: list = field(default_factory=list)   # extracted terms no plan was made of, and why (see extract)
     malformed: int = 0   # of those, terms that do not read as the spec's own (an extraction anomaly)
 
+    def release(self) -> None:
+        """Free the e-graph's engine now, on this thread. egglog's state sits in reference cycles, so otherwise
+        the cyclic collector frees it later on whichever thread runs a collection, and an egglog e-graph may be
+        freed only on the thread that made it (a kernel compile thread once collected one: "EGraph is
+        unsendable, but is being dropped on another thread")."""
+        for state in [getattr(self.egraph, "_state", None), *getattr(self.egraph, "_state_stack", [])]:
+            if state is not None:
+                state.egraph = None
+
     def summary(self) -> str:
         rounds = f"{self.rounds} round{'s' if self.rounds != 1 else ''}"
         return f"{self.nodes} e-nodes after {self.steps} steps in {rounds}, {self.seconds:.2f} s; stopped: {self.stop}"
