@@ -8,10 +8,9 @@ representative values with the predicate false).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
-
-import numpy as np
 
 from neptune_eqsat import ir
 from neptune_eqsat.ir import ops
@@ -154,8 +153,14 @@ def key_bounds(pred: Term, row: str, loop: str, name, i_lo: str, i_hi: str, n: s
 # ---- is skipping a masked element sound? -------------------------------------------------------------------
 FINITE = [-2.5, -0.3, 0.0, 0.3, 2.5]
 REDUCED = [-math.inf, -2.5, -0.3, 0.0, 0.3, 2.5]
-_NP_UN = ops.forms("un", "numpy", np)
-_NP_BIN = ops.forms("bin", "numpy", np)
+
+
+@functools.lru_cache(maxsize=None)
+def _numpy():
+    """numpy and the ops' numpy forms, imported when a mask is first checked (a compile without one skips the
+    import, a sixth of a second)."""
+    import numpy
+    return numpy, ops.forms("un", "numpy", numpy), ops.forms("bin", "numpy", numpy)
 
 
 def _index_condition(t: Term) -> bool:
@@ -195,6 +200,7 @@ def masked_gives_identity(body: Term, reducer: str, masked: list[Term], loop: st
             grids.append(REDUCED)
         else:
             grids.append(FINITE)
+    np = _numpy()[0]
     values = {leaf: np.array(g).reshape([-1 if k == n else 1 for k in range(len(leaves))])
               for n, (leaf, g) in enumerate(zip(leaves, grids))}
 
@@ -206,6 +212,8 @@ def masked_gives_identity(body: Term, reducer: str, masked: list[Term], loop: st
 def evaluate(t: Term, leaf):
     """t in numpy float64. `leaf(x, ev)` gives the value of a subterm x it knows (evaluating x's parts with ev),
     None for the others: constants, casts (the identity here) and the scalar operations are computed."""
+    np, un, bin_ = _numpy()
+
     def ev(x: Term):
         v = leaf(x, ev)
         if v is not None:
@@ -215,9 +223,9 @@ def evaluate(t: Term, leaf):
         if x.op == "cast":
             return ev(x.args[0])
         if x.op == "un":
-            return _NP_UN[x.attrs[0]](ev(x.args[0]))
+            return un[x.attrs[0]](ev(x.args[0]))
         if x.op == "bin":
-            return _NP_BIN[x.attrs[0]](ev(x.args[0]), ev(x.args[1]))
+            return bin_[x.attrs[0]](ev(x.args[0]), ev(x.args[1]))
         if x.op == "where":
             return np.where(ev(x.args[0]), ev(x.args[1]), ev(x.args[2]))
         raise ValueError(x.op)

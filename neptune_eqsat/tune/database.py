@@ -87,10 +87,12 @@ def measured_plans(spec_name: str, sizes: dict[str, int], gpu: str, path: Path |
 
 def _plans_under(db: dict, prefix: str) -> dict[str, dict]:
     """measured_plans of the entries whose keys start with `prefix` (spec|bucket|GPU|)."""
+    entries = [(k, v) for k, v in db.items() if k.startswith(prefix)]
+    if not entries:   # the usual case: nothing measured, and no import of Triton (a tenth of a second) to say so
+        return {}
     import triton
     here = f"{prefix}triton {triton.__version__}"
-    entries = sorted(((k, v) for k, v in db.items() if k.startswith(prefix)),
-                     key=lambda kv: (kv[0] == here, _triton_version(kv[0])))
+    entries.sort(key=lambda kv: (kv[0] == here, _triton_version(kv[0])))
     out: dict[str, dict] = {}
     for key, entry in entries:   # the preferred entries come last and override
         out.update({family: {**record, "key": key} for family, record in entry_plans(entry).items()})
