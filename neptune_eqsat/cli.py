@@ -168,16 +168,18 @@ def tune(spec_file: str, shape: str, output: str | None, budget: float, plan: st
         result = run(spec_file, sizes=sizes, plan=plan)
     except (SpecError, PlanError) as e:
         raise click.ClickException(str(e)) from e
-    if result.stages:   # tunables are one kernel's; a staged module runs several
-        raise click.ClickException(f"spec {result.spec.name} runs as {result.summary()}; tuning measures one "
-                                   "kernel's tunables, so it does not take a staged spec yet")
-    mod = load_module(result.source, result.spec.name)
-    key, tuned = tune_module(mod, result.spec.name, {**result.spec.typical, **sizes},
-                             random_inputs_for(mod, {**result.spec.typical, **sizes}), budget)
-    click.echo(f"{key} [{result.chosen.family} plan]: best {tuned.best_ms:.4f} ms with {tuned.best}; default "
-               f"{tuned.default_ms:.4f} ms ({len(tuned.tried)} configs, {tuned.stopped}); stored in {db_path()}")
+    kernels = result.kernels()   # a staged spec: each stage's spec and the last one's, tuned as specs of their own
+    if len(kernels) > 1:
+        click.echo(f"spec {result.spec.name} runs as {result.summary()}: tuning each of its {len(kernels)} kernels "
+                   f"for {budget / len(kernels):g} s")
+    for spec, part in kernels:
+        mod = load_module(part.source, spec.name)
+        key, tuned = tune_module(mod, spec.name, {**spec.typical, **sizes},
+                                 random_inputs_for(mod, {**spec.typical, **sizes}), budget / len(kernels))
+        click.echo(f"{key} [{part.chosen.family} plan]: best {tuned.best_ms:.4f} ms with {tuned.best}; default "
+                   f"{tuned.default_ms:.4f} ms ({len(tuned.tried)} configs, {tuned.stopped}); stored in {db_path()}")
     if output:   # the plan just tuned, even if its measured time now ranks another plan first
-        result = run(spec_file, sizes=sizes, out_file=output, plan=result.chosen.family)
+        result = run(spec_file, sizes=sizes, out_file=output, plan=None if result.stages else result.chosen.family)
         _write(output, result.source)
         click.echo(f"wrote {output}")
 

@@ -36,6 +36,14 @@ class Result:
     # a spec planned as stages: each with its own result, run before the kernel described above, and why
     stages: tuple[tuple[Stage, "Result"], ...] = ()
     staged_because: str = ""
+    last: "Result | None" = None   # of a staged spec: the last kernel's own result (its spec is <name>_last)
+
+    def kernels(self) -> list[tuple[Spec, "Result"]]:
+        """(spec, result) of each kernel's spec in the order they run: the stages' then the last one; the spec's
+        own for one kernel. Each is optimized, and tuned, as a spec of its own."""
+        if not self.stages:
+            return [(self.spec, self)]
+        return [(st.spec, r) for st, r in self.stages] + [(self.last.spec, self.last)]
 
     @property
     def chosen(self) -> Candidate:
@@ -231,7 +239,7 @@ def _as_stages(spec: Spec, sizes: dict[str, int], device: Device, limits: Limits
     parts = tuple((st, optimize(st.spec, sizes, device, limits)) for st in stages)
     final = optimize(last, sizes, device, limits)
     source = staged_module_source(spec, [(st, r.source) for st, r in parts], last, final.source)
-    return replace(final, spec=spec, source=source, stages=parts)
+    return replace(final, spec=spec, source=source, stages=parts, last=final)
 
 
 def _force(cands: list[Candidate], family: str, spec_name: str) -> list[Candidate]:

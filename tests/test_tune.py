@@ -182,3 +182,41 @@ def test_the_module_carries_a_measured_config_per_gpu_and_shape_bucket(own_db):
     # a bucket not measured on the GPU of the call: what was measured on the module's own GPU
     assert mod._tuned_config("Other GPU", "B=1,S=4096") == lab["B=1,S=4096"]
     assert mod._tuned_config("Unmeasured GPU", "B=1,S=1024") == lab["B=1,S=1024"]
+
+
+def test_a_staged_spec_is_tuned_kernel_by_kernel_and_each_stage_reads_its_config(own_db, monkeypatch):
+    """`tune` on a spec planned as stages tunes each stage's kernel and the last one as specs of their own
+    (a stand-in measurement prefers blocks near 64); compiling again gives each stage the config measured
+    for it."""
+    from click.testing import CliRunner
+
+    import neptune_eqsat.cli as cli
+    from neptune_eqsat.tune import database
+
+    real = database.tune_module
+
+    def stand_in(module, spec_name, sizes, inputs, budget, **kwargs):
+        def measure(fn):
+            cfg = fn()
+            # ms, far below any estimate: the measured plan ranks first
+            return 1e-6 * (1 + sum(abs(v - 64) for k, v in cfg.items() if k.startswith("BLOCK_") and isinstance(v, int)))
+        forward = lambda *inputs, config: config   # noqa: E731
+        return real(SimpleNamespace(**{**vars(module), "forward": forward}), spec_name, sizes, [], budget,
+                    measure=measure, gpu="Lab GPU", progress=None)
+    monkeypatch.setattr(cli, "_has_gpu", lambda: True)
+    monkeypatch.setattr(database, "tune_module", stand_in)
+    monkeypatch.setattr(database, "random_inputs_for", lambda mod, sizes: [])
+    spec = str(SPECS / "joint_softmax.py")
+    res = CliRunner().invoke(cli.main, ["tune", spec, "--shape", "B=2,M=512,N=512", "--budget", "3"])
+    assert res.exit_code == 0, res.output
+    result = optimize(spec, sizes={"B": 2, "M": 512, "N": 512}, device=Device(name="Lab GPU"))
+    kernels = result.kernels()
+    tuned = [line for line in res.output.splitlines() if "stored in" in line]
+    assert len(kernels) > 1 and f"tuning each of its {len(kernels)} kernels" in res.output
+    assert [line.split("|")[0] for line in tuned] == [s.name for s, _ in kernels]
+    assert kernels[-1][0].name == "joint_softmax_last"
+    for spec_, part in kernels:
+        stored = tune.stored_config(spec_.name, {**spec_.typical, "B": 2, "M": 512, "N": 512}, "Lab GPU",
+                                    part.chosen.family)
+        assert stored and part.tuned == stored, spec_.name
+        assert all(f"'{k}': {v!r}" in part.source for k, v in part.tuned.items()), spec_.name   # in its CONFIG

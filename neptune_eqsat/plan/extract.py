@@ -145,8 +145,10 @@ def node_cost(family: str, weight, load_axes, long_axes: set[str], known: Analys
             else:
                 banned = int(name == "split" or (name == "roll" and family == "unfused"))
             waits = int(name == "red" and family == "rolled" and waits_on_ax)
-        parts = [(banned, risks, waits, own)] + [k for k in kids if isinstance(k, tuple)]
-        return tuple(sum(p[n] for p in parts) for n in range(4))
+        for k in kids:   # the children's counts added field by field (this runs for every e-node, thrice)
+            if type(k) is tuple:
+                banned, risks, waits, own = banned + k[0], risks + k[1], waits + k[2], own + k[3]
+        return banned, risks, waits, own
     return cost
 
 
