@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from conftest import SPECS, compiled
+from conftest import SPECS, compiled, on_device
 from neptune_eqsat.compiler import optimize
 from neptune_eqsat.ir import walk
 from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
@@ -33,7 +33,7 @@ def test_every_dtype_fuses_like_fp16(name, family, sizes, dtype):
     assert result.chosen.sched.passes == 1
     assert all(t.dtype in (dtype, "f32") for t in result.spec.inputs.values())
     inputs = random_inputs(result.spec, sizes, seed=3)
-    out = mod.forward(*inputs.values())
+    out = on_device(mod.forward, *inputs.values())
     assert out.dtype == {"bf16": torch.bfloat16, "f32": torch.float32}[dtype]
     err = (out.double() - evaluate(result.spec, inputs)).abs().max().item()
     assert err <= tolerance(dtype), err
@@ -46,7 +46,7 @@ def test_fp32_products_in_tf32_by_choice():
     inputs = random_inputs(result.spec, {"B": 1, "S": 20}, seed=1)
     ref = evaluate(result.spec, inputs)
     for precision in ("ieee", "tf32"):
-        out = mod.forward(*inputs.values(), config={"F32_DOT": precision})
+        out = on_device(mod.forward, *inputs.values(), config={"F32_DOT": precision})
         assert (out.double() - ref).abs().max().item() <= 2e-3
 
 
@@ -55,7 +55,7 @@ def test_bf16_products_are_right_under_the_interpreter():
     result, mod = compile_retyped("global_pf", "bf16")
     assert "BF16_DOT" in result.source
     inputs = random_inputs(result.spec, {"B": 1, "S": 33}, seed=2)
-    err = (mod.forward(*inputs.values()).double() - evaluate(result.spec, inputs)).abs().max().item()
+    err = (on_device(mod.forward, *inputs.values()).double() - evaluate(result.spec, inputs)).abs().max().item()
     assert err <= tolerance("bf16")
 
 
@@ -90,7 +90,7 @@ def test_where_in_either_order(tmp_path, score):
     assert result.chosen.sched.passes == 1   # the maximum and both sums in one pass
     mod = load_module(result.source, f"mask_first_{abs(hash(score))}")
     inputs = random_inputs(result.spec, {"R": 5, "N": 23}, seed=4)
-    out = mod.forward(*inputs.values())
+    out = on_device(mod.forward, *inputs.values())
     assert not torch.isnan(out).any()
     assert (out.double() - evaluate(result.spec, inputs)).abs().max().item() <= tolerance("f32")
 
@@ -109,7 +109,7 @@ spec.output("y", f32, sum(j, where(x[r, j] > 1.5, nan, where(x[r, j] < -3, inf, 
     assert "nan" in result.explain()
     mod = load_module(result.source, "nan_const")
     inputs = random_inputs(result.spec, {"R": 6, "N": 9}, seed=5)
-    out, ref = mod.forward(*inputs.values()).double(), evaluate(result.spec, inputs)
+    out, ref = on_device(mod.forward, *inputs.values()).double(), evaluate(result.spec, inputs)
     assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isinf(), ref.isinf())
     finite = ref.isfinite()
     assert finite.any() and (out[finite] - ref[finite]).abs().max().item() <= tolerance("f32")

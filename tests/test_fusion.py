@@ -13,7 +13,7 @@ from neptune_eqsat.plan.saturate import Limits, saturate
 from neptune_eqsat.plan.schedule import schedule
 from neptune_eqsat.spec import load_spec
 
-from conftest import SPECS, assert_close, compiled, spec_variant
+from conftest import SPECS, assert_close, compiled, on_device, spec_variant
 
 
 def rolls(term):
@@ -67,7 +67,7 @@ def test_chain_nobody_wrote_repairs_with_t_r_over_r_prime(tmp_path):
     from neptune_eqsat.frontend.reference import evaluate, random_inputs
     mod = load_module(module_source(rolled.plan, "mns_rolled"), "mns_rolled")
     inputs = random_inputs(spec, {"R": 9, "N": 83}, seed=3)
-    assert torch.allclose(mod.forward(*inputs.values()).double(), evaluate(spec, inputs), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(on_device(mod.forward, *inputs.values()).double(), evaluate(spec, inputs), rtol=1e-5, atol=1e-5)
     assert_close(str(SPECS / "max_normalized_sum.py"), {"R": 9, "N": 83})
 
 
@@ -89,7 +89,7 @@ def test_unfused_plan_runs_too():
     from neptune_eqsat.frontend.reference import evaluate, random_inputs
     mod = load_module(module_source(unfused.plan, "softmax_unfused"), "softmax_unfused")
     inputs = random_inputs(spec, {"R": 5, "N": 70}, seed=5)
-    assert torch.allclose(mod.forward(*inputs.values()).double(), evaluate(spec, inputs), atol=1e-5)
+    assert torch.allclose(on_device(mod.forward, *inputs.values()).double(), evaluate(spec, inputs), atol=1e-5)
 
 
 def row_spec(tmp_path, name: str, line: str, output: str):
@@ -193,7 +193,7 @@ def test_when_every_extraction_is_malformed_the_spec_as_written_is_compiled(monk
     from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
     from neptune_eqsat.runtime.loader import load_module
     inputs = random_inputs(result.spec, {"R": 3, "N": 29}, seed=2)
-    out = load_module(result.source, "softmax_as_written").forward(*inputs.values())
+    out = on_device(load_module(result.source, "softmax_as_written").forward, *inputs.values())
     assert (out.double() - evaluate(result.spec, inputs)).abs().max().item() <= tolerance(result.spec.output_dtype)
 
 

@@ -14,7 +14,7 @@ from neptune_eqsat.codegen.gluon import eligible, tile_lines
 from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
 from neptune_eqsat.tune.database import candidates, tune
 
-from conftest import SPECS, compiled
+from conftest import SPECS, compiled, on_device
 
 PREFILL = ["global_pf", "causal_pf", "gqa_pf", "alibi_pf", "softcap_pf", "window_pf"]
 
@@ -43,7 +43,7 @@ def test_the_triton_kernel_runs_beside_it_and_ignores_its_tunables():
     tunables in a config must not reach it."""
     result, mod = compiled(str(SPECS / "softcap_pf.py"))
     inputs = random_inputs(result.spec, {"B": 1, "S": 45}, seed=3)
-    out = mod.forward(*inputs.values(), config={"BACKEND": "triton", "WS_STAGES": 2, "WS_BLOCK_J": 64})
+    out = on_device(mod.forward, *inputs.values(), config={"BACKEND": "triton", "WS_STAGES": 2, "WS_BLOCK_J": 64})
     assert (out.double() - evaluate(result.spec, inputs)).abs().max().item() <= tolerance("f16")
 
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
 from neptune_eqsat.spec import load_spec
 
-from conftest import FEW, SPECS, assert_close, compiled, run_against_reference, spec_variant
+from conftest import DEVICE, FEW, SPECS, assert_close, compiled, on_device, run_against_reference, spec_variant
 
 PREFILL = ["global_pf", "causal_pf", "gqa_pf", "alibi_pf", "softcap_pf", "window_pf"]
 
@@ -96,6 +96,8 @@ def _strided(x, step):
     return wide
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="follows the interpreter's inputs into _descriptor; on a Hopper GPU "
+                                             "the copies on the device go to the Gluon kernel's descriptors")
 @pytest.mark.parametrize("layout", ["contiguous", "heads_transposed", "last_dim_strided"])
 @pytest.mark.parametrize("name, sizes", [("causal_pf", {"B": 1, "S": 21}), ("gqa_dc", {"B": 1, "Q": 1, "SKV": 21})])
 def test_kernels_move_data_through_descriptors_where_the_layout_allows_and_pointers_otherwise(name, sizes, layout,
@@ -123,5 +125,5 @@ def test_every_order_of_row_blocks_gives_the_reference(order):
     result, mod = compiled(str(SPECS / "causal_pf.py"))
     assert mod.CONFIG["ROW_ORDER"] == 1
     inputs = random_inputs(result.spec, {"B": 1, "S": 41}, seed=order)
-    out = mod.forward(*inputs.values(), config={"ROW_ORDER": order})
+    out = on_device(mod.forward, *inputs.values(), config={"ROW_ORDER": order})
     assert (out.double() - evaluate(result.spec, inputs)).abs().max() <= tolerance(result.spec.output_dtype)

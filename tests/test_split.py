@@ -13,7 +13,7 @@ from neptune_eqsat.plan.combine import combine_plan
 from neptune_eqsat.plan.cost import Device, split_count
 from neptune_eqsat.frontend.reference import Evaluator, _align, evaluate, random_inputs, tolerance
 
-from conftest import FEW, SPECS, compiled
+from conftest import FEW, SPECS, compiled, on_device
 
 DECODE = ["causal_dc", "gqa_dc", "alibi_dc", "softcap_dc"]
 
@@ -58,7 +58,7 @@ def test_decode_kernels_match_float64(name, batch, queries, kv, chunks):
     assume(batch * queries <= 4)
     result, mod = compiled(str(SPECS / f"{name}.py"))
     inputs = random_inputs(result.spec, {"B": batch, "Q": queries, "SKV": kv}, seed=kv)
-    out = mod.forward(*inputs.values(), config={"CHUNKS": chunks})
+    out = on_device(mod.forward, *inputs.values(), config={"CHUNKS": chunks})
     ref = evaluate(result.spec, inputs)
     assert not torch.isnan(out).any()
     assert (out.double() - ref).abs().max().item() <= tolerance(result.spec.output_dtype)
@@ -69,7 +69,7 @@ def test_kv_shorter_than_one_chunk_and_more_chunks_than_blocks():
     inputs = random_inputs(result.spec, {"B": 1, "Q": 1, "SKV": 3}, seed=1)
     ref = evaluate(result.spec, inputs)
     for chunks in (1, 8):
-        out = mod.forward(*inputs.values(), config={"CHUNKS": chunks})
+        out = on_device(mod.forward, *inputs.values(), config={"CHUNKS": chunks})
         assert (out.double() - ref).abs().max().item() <= tolerance("f16")
 
 
@@ -82,7 +82,7 @@ def test_the_combine_runs_in_the_partial_kernel_or_in_a_second_one(in_kernel):
     combine = {**mod.INTERPRETER_CONFIG["COMBINE"], "in_kernel": in_kernel}
     for kv, seed in ((37, 1), (50, 3)):
         inputs = random_inputs(result.spec, {"B": 1, "Q": 3, "SKV": kv}, seed=seed)
-        out = mod.forward(*inputs.values(), config={"CHUNKS": 3, "COMBINE": combine})
+        out = on_device(mod.forward, *inputs.values(), config={"CHUNKS": 3, "COMBINE": combine})
         assert (out.double() - evaluate(result.spec, inputs)).abs().max().item() <= tolerance("f16")
         assert all(int(t.abs().sum()) == 0 for t in mod._TICKETS.values())
 
@@ -102,7 +102,7 @@ def test_the_combine_rolls_over_blocks_of_chunks_in_one_pass(name):   # softcap_
     ref = evaluate(result.spec, inputs)
     combine = {**mod.INTERPRETER_CONFIG["COMBINE"], "BLOCK_J_CHUNK": 2}
     for in_kernel in (1, 0):
-        out = mod.forward(*inputs.values(), config={"CHUNKS": 11, "COMBINE": {**combine, "in_kernel": in_kernel}})
+        out = on_device(mod.forward, *inputs.values(), config={"CHUNKS": 11, "COMBINE": {**combine, "in_kernel": in_kernel}})
         assert (out.double() - ref).abs().max().item() <= tolerance(result.spec.output_dtype)
 
 
@@ -170,7 +170,7 @@ def test_split_kernels_mark_their_key_loads_read_once_and_prefill_kernels_do_not
     inputs = random_inputs(result.spec, {"B": 1, "Q": 2, "SKV": 45}, seed=4)
     ref = evaluate(result.spec, inputs)
     for stream in (0, 1):
-        out = mod.forward(*inputs.values(), config={"STREAM": stream, "CHUNKS": 3})
+        out = on_device(mod.forward, *inputs.values(), config={"STREAM": stream, "CHUNKS": 3})
         assert (out.double() - ref).abs().max().item() <= tolerance("f16")
 
 
