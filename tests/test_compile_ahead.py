@@ -155,3 +155,15 @@ def test_a_gluon_kernel_met_in_a_warm_pass_compiles_after_the_calls_own_kernels(
     ahead._compile_ahead(forward, (x,), None, {"q": ("float16", ("B", 4, "S", 16))}, ())
     ahead.wait_for_compiles()
     assert len(gluon.compiled) == 1 and order[0] == "triton"
+
+
+def test_a_failure_warming_the_other_class_does_not_fail_the_call(monkeypatch):
+    kernels, launched = [StandIn()], []
+    q = torch.randn(1, 4, 32, 16, dtype=torch.float16)
+
+    def no_memory(*args):
+        raise torch.cuda.OutOfMemoryError("no room for the other class's inputs")
+    monkeypatch.setattr(ahead, "_sibling_inputs", no_memory)
+    ahead._compile_ahead(module_forward(kernels, launched), (q, q), None, INPUTS, ("S",))
+    ahead.wait_for_compiles()
+    assert [args[2] for args in kernels[0].compiled] == [32]   # the call's own kernels, compiled

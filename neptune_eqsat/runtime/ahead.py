@@ -5,11 +5,14 @@ does not wait for a compile.
 
 Triton compiles a kernel again for an integer argument that is 1, a multiple of 16 or neither; a sequence
 length stays specialized because knowing it is a multiple of 16 makes kernels faster (codegen/kernel.py's
-grid_sizes). Triton's compile releases the interpreter lock for most of its work (MLIR, LLVM, ptxas), so
-kernels compiled on threads build in parallel and the calling thread runs on meanwhile.
+grid_sizes). Triton's compile releases the interpreter lock for much of its work (MLIR, LLVM, ptxas): on an
+H100's host the calling thread kept 58-102% of its Python progress while a kernel compiled on another. Its
+Python parts still contend, so compiles that nothing waits for yet start after the call's own.
 
 A warm pass runs the module's forward with the launches replaced by compiles submitted to the threads (no
-kernel runs, no replay is recorded, no CUDA graph is captured). Calls with a config of their own do none of
+kernel runs, no replay is recorded, no CUDA graph is captured). Warm passes run on the calling thread: the
+compile threads only compile, so none of our GPU work runs beside the caller's (a CUDA graph it captures
+right after must not see another thread's launch). Calls with a config of their own do none of
 this, and NEPTUNE_EQSAT_COMPILE_AHEAD=0 turns it off for all calls: every kernel then compiles when it first
 launches, as Triton does by itself.
 """
@@ -150,20 +153,26 @@ def _sibling_inputs(inputs, lengths, tensors):
 
 def _compile_ahead(forward, tensors, config, inputs, lengths):
     """Before the launches of a GPU call that does not replay: compile its kernels together, waiting for them;
-    then, in the background, those it put off (a Gluon kernel) and, where it compiled any, those of its
-    lengths' other class. Not for a call with a
+    then start, in the background, the compiles it put off (a Gluon kernel) and, where it compiled any, those of
+    its lengths' other class. Not for a call with a
     config of its own (a tuner's or an experiment's: it runs exactly what it names, compiled when launched)."""
-    if config is not None or _warming() or not _ahead_enabled():
-        return
+    capturing = tensors[0].is_cuda and torch.cuda.is_current_stream_capturing()
+    if config is not None or _warming() or not _ahead_enabled() or capturing:
+        return   # (inside a CUDA graph capture a warm pass's allocations would be captured too)
     futures, later = _warm_pass(forward, tensors, config)
     concurrent.futures.wait(futures)
     for submit in later:
         submit()
-    if futures:
-        _in_background(tensors[0].device, _warm_siblings, forward, config, inputs, lengths, tensors)
+    if futures:   # on this thread: the compile threads only compile, so no GPU work of ours runs beside the
+        # caller's (a CUDA graph captured right after the first call must not see a launch from another thread)
+        try:
+            _warm_siblings(forward, config, inputs, lengths, tensors)
+        except Exception:   # noqa: BLE001 - out of memory for the zero inputs, say: the call goes on without it
+            pass
 
 
 def _warm_siblings(forward, config, inputs, lengths, tensors):
+    """A warm pass of the call at its lengths' other class: its compiles are submitted, not waited for."""
     siblings = _sibling_inputs(inputs, lengths, tensors)
     if siblings is not None:
         futures, later = _warm_pass(forward, siblings, config)
