@@ -54,6 +54,8 @@ def _in_background(device, job, *args):
         with torch.cuda.device(device):
             return job(*args)
     future = _pool().submit(on_device)
+    if len(_BACKGROUND) > 256:   # keep the list to the compiles that may still run
+        _BACKGROUND[:] = [f for f in _BACKGROUND if not f.done()]
     _BACKGROUND.append(future)
     return future
 
@@ -154,8 +156,8 @@ def _sibling_inputs(inputs, lengths, tensors):
 def _compile_ahead(forward, tensors, config, inputs, lengths):
     """Before the launches of a GPU call that does not replay: compile its kernels together, waiting for them;
     then start, in the background, the compiles it put off (a Gluon kernel) and, where it compiled any, those of
-    its lengths' other class. Not for a call with a
-    config of its own (a tuner's or an experiment's: it runs exactly what it names, compiled when launched)."""
+    its lengths' other class. Not for a call with a config of its own (a tuner's or an experiment's: it runs
+    exactly what it names, compiled when launched)."""
     capturing = tensors[0].is_cuda and torch.cuda.is_current_stream_capturing()
     if config is not None or _warming() or not _ahead_enabled() or capturing:
         return   # (inside a CUDA graph capture a warm pass's allocations would be captured too)
