@@ -173,9 +173,8 @@ def tune(spec_file: str, shape: str, output: str | None, budget: float, plan: st
         click.echo(f"spec {result.spec.name} runs as {result.summary()}: tuning each of its {len(kernels)} kernels "
                    f"for {budget / len(kernels):g} s")
     for spec, part in kernels:
-        mod = load_module(part.source, spec.name)
-        key, tuned = tune_module(mod, spec.name, {**spec.typical, **sizes},
-                                 random_inputs_for(mod, {**spec.typical, **sizes}), budget / len(kernels))
+        mod, at = load_module(part.source, spec.name), {**spec.typical, **sizes}
+        key, tuned = tune_module(mod, spec.name, at, random_inputs_for(mod, at), budget / len(kernels))
         click.echo(f"{key} [{part.chosen.family} plan]: best {tuned.best_ms:.4f} ms with {tuned.best}; default "
                    f"{tuned.default_ms:.4f} ms ({len(tuned.tried)} configs, {tuned.stopped}); stored in {db_path()}")
     if output:   # the plan just tuned, even if its measured time now ranks another plan first

@@ -29,7 +29,6 @@ class StandIn:
 def fresh_state(monkeypatch):
     for name in ("_PENDING", "_BACKGROUND"):
         monkeypatch.setattr(ahead, name, {} if name == "_PENDING" else [])
-    monkeypatch.setattr(launch, "_READY", set())
     monkeypatch.delenv("NEPTUNE_EQSAT_COMPILE_AHEAD", raising=False)
     yield
     ahead.wait_for_compiles()

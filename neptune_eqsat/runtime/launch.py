@@ -309,7 +309,7 @@ def _launch(rec, kernel, grid, args, cfg, constexprs):
         _fitted(kernel, grid, args, cfg)
         return
     grid = tuple(grid) + (1,) * (3 - len(grid))
-    compile_key = (kernel, *cfg.items(), *constexprs, *map(_specialization, args))
+    compile_key = _compile_key(kernel, args, cfg, constexprs)
     key = (grid, compile_key)
     compiled = _COMPILED.get(key)
     if _warming():
@@ -325,7 +325,9 @@ def _launch(rec, kernel, grid, args, cfg, constexprs):
         rec.launched(compiled, grid, args, constexprs)
 
 
-_READY = set()   # compile keys of Gluon kernels whose compile has finished
+def _compile_key(kernel, args, cfg, constexprs):
+    """What Triton compiles a kernel once for: the kernel, its config and constants, its arguments' specialization."""
+    return (kernel, *cfg.items(), *constexprs, *map(_specialization, args))
 
 
 def _gluon_ready(kernel, args, cfg, constexprs, config):
@@ -333,19 +335,15 @@ def _gluon_ready(kernel, args, cfg, constexprs, config):
     same plan (an H100), so while it compiles in the background calls take the Triton kernel, and the replays
     recorded meanwhile are dropped when it is ready. Always for a call with a config of its own, or where
     compiling ahead is off."""
-    first = args[0].base
-    key = (kernel, *cfg.items(), *constexprs, *map(_specialization, args))
-    if key in _READY or config is not None or not _ahead_enabled() or not _replay_enabled():
+    if config is not None or not _ahead_enabled() or not _replay_enabled():
         return True
+    key = _compile_key(kernel, args, cfg, constexprs)
     future = _future(key)
     if future is None:
-        _after_this_call(lambda: _submit(key, first.device, kernel, (1, 1, 1), args, cfg).add_done_callback(
+        _after_this_call(lambda: _submit(key, args[0].base.device, kernel, (1, 1, 1), args, cfg).add_done_callback(
             lambda _: _REPLAYS.clear()))
         return False
-    if future.done():
-        _READY.add(key)
-        return True
-    return False
+    return future.done()
 
 
 def _fitted(kernel, grid, args, cfg):
