@@ -2,7 +2,7 @@
 
 Each rule is proved by sympy before it joins the ruleset (casts only round, so they are the identity here).
 """
-import sympy as sp
+from neptune_eqsat.proof.lazy import sympy as sp
 from egglog import String, f64, ne, rule, union, var
 
 from neptune_eqsat.ir.eterm import AxisSet, ETerm, deps

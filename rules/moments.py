@@ -16,18 +16,22 @@ the first-order moment sum_j (u_j - x) is ~0, and this is Welford's / Chan's upd
 """
 from __future__ import annotations
 
+from fractions import Fraction
 from functools import lru_cache
 
-import sympy as sp
 from egglog import String, rule, union, var
 
 from neptune_eqsat.ir.eterm import ETerm, deps, free
+from neptune_eqsat.proof import verdicts
+from neptune_eqsat.proof.lazy import sympy as sp
 from neptune_eqsat.proof.rulebook import EggOps, NumOps, Rule, ShowOps, close
 
 from .splitk import CHUNKS
 from neptune_eqsat.proof.symbolic import SymOps, proves
 
-U, X = sp.symbols("u x", real=True)
+
+def _ux():
+    return sp.symbols("u x", real=True)
 
 # bodies g(u, x) polynomial in x, as patterns over an ops object (EggOps, SymOps, NumOps, ShowOps)
 BODIES = {
@@ -42,31 +46,38 @@ COUNT = "count"   # a constant coefficient: the sum of 1 over the prefix
 
 
 @lru_cache(maxsize=None)
-def moments(body: str) -> tuple[tuple[int, sp.Expr, str], ...] | str:
+def moments(body: str) -> tuple[tuple[int, Fraction, str], ...] | str:
     """The Taylor terms of g in x as (k, c, name): g_k = c * BODIES[name] (or c * 1 for COUNT); or the reason
-    there are none."""
+    there are none. Derived by sympy once, then read from the verdict cache (keyed by this file)."""
+    found = verdicts.recall("moments", f"{body}|{verdicts.source_digest(__file__)}", lambda: _moments(body))
+    return found if isinstance(found, str) else tuple((k, Fraction(c), name) for k, c, name in found)
+
+
+def _moments(body: str) -> list | str:
+    U, X = _ux()
     g = BODIES[body](SymOps(), U, X)
     degree = sp.degree(sp.expand(g), X)
     out = []
     for k in range(1, degree + 1):
         gk = sp.expand(sp.diff(g, X, k) / sp.factorial(k))
         if not gk.has(U) and not gk.has(X):
-            out.append((k, gk, COUNT))
+            out.append([k, str(gk), COUNT])
             continue
         for name, form in BODIES.items():
             ratio = sp.cancel(gk / form(SymOps(), U, X))   # a rational function: cancel decides a constant ratio
             if ratio.is_Number and ratio != 0:
-                out.append((k, ratio, name))
+                out.append([k, str(ratio), name])
                 break
         else:
             return f"its derivative {gk} is no body of the table"
-    return tuple(out)
+    return out
 
 
 def _obligation(body: str):
     """On a symbolic prefix u_1..u_3: sum g(u_i, r') = sum g(u_i, r) + sum_k (r' - r)^k c_k sum T_k(u_i, r)."""
     def check() -> tuple[str, bool]:
         terms = moments(body)
+        U, X = _ux()
         g = lambda u, x: BODIES[body](SymOps(), u, x)   # noqa: E731
         if isinstance(terms, str):
             return f"sum of {g(U, X)}: refused: {terms}", False
@@ -74,7 +85,7 @@ def _obligation(body: str):
         moved = sum(g(u, r) for u in us)
         for k, c, name in terms:
             inner = len(us) if name == COUNT else sum(BODIES[name](SymOps(), u, r) for u in us)
-            moved += (rp - r) ** k * c * inner
+            moved += (rp - r) ** k * sp.Rational(c.numerator, c.denominator) * inner
         shown = " + ".join(f"(r' - r)^{k} * {c} * sum({'1' if n == COUNT else BODIES[n](SymOps(), U, X)})"
                            for k, c, n in terms)
         return (f"sum_j {g(U, X)} at r' = the sum at r + {shown}",

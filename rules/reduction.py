@@ -6,7 +6,7 @@ identity (an empty range stays empty).
 """
 import functools
 
-import sympy as sp
+from neptune_eqsat.proof.lazy import sympy as sp
 from egglog import String, eq, rule, union, var
 
 from neptune_eqsat.ir.eterm import ETerm, extent, free

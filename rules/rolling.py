@@ -8,47 +8,34 @@ whose repair term is h with t = acc, r = prev_j(x) (x from the previous partial 
 factor of h is wrapped in finite_or_zero: while nothing has been accumulated (t is the identity), h keeps
 the identity whatever the factor says (proved), so an overflowing factor must not turn 0 into NaN.
 """
-import sympy as sp
+from neptune_eqsat.proof.lazy import sympy as sp
 from egglog import String, rule, union, var
 
 from neptune_eqsat.ir.eterm import ETerm, deps, free
-from neptune_eqsat.proof.symbolic import REDUCER_OPS, RP, R, T, derive_repair
+from neptune_eqsat.proof.symbolic import REDUCER_OPS, derive_repair, symbols
 from neptune_eqsat.proof.rulebook import NumOps, Rule, close
 
 COMBINERS = ("add", "sub", "mul", "div")
 
 
-def to_eterm(e: sp.Expr, r, rp):
-    """A repair factor (sympy, in r and r') as an e-graph term."""
-    if e == R:
+def to_eterm(tree: list, r, rp):
+    """A repair factor (symbolic.repair_tree: nested lists in r and r') as an e-graph term."""
+    head, *args = tree
+    if head == "r":
         return r
-    if e == RP:
+    if head == "r'":
         return rp
-    if e.is_Number:
-        return ETerm.const(float(e))
-    if isinstance(e, (sp.Add, sp.Mul)):   # positive terms (factors) first, then the subtracted (divided) ones
-        add = isinstance(e, sp.Add)
-        inverse = (lambda t: t.could_extract_minus_sign()) if add else (lambda t: t.is_Pow and t.exp == -1)
-        undo = (lambda t: -t) if add else (lambda t: t.base)
-        kept = [t for t in e.args if not inverse(t)]
-        out = to_eterm(kept[0], r, rp) if kept else ETerm.const(0.0 if add else 1.0)
-        for t in kept[1:]:
-            out = ETerm.bin("add" if add else "mul", out, to_eterm(t, r, rp))
-        for t in e.args:
-            if inverse(t):
-                out = ETerm.bin("sub" if add else "div", out, to_eterm(undo(t), r, rp))
-        return out
-    if e.is_Pow and e.exp == -1:
-        return ETerm.bin("div", ETerm.const(1.0), to_eterm(e.base, r, rp))
-    if isinstance(e, sp.exp):
-        return ETerm.un("exp", to_eterm(e.args[0], r, rp))
-    raise ValueError(f"no term for repair factor {e}")
+    if head == "const":
+        return ETerm.const(float(args[0]))
+    if head == "exp":
+        return ETerm.un("exp", to_eterm(args[0], r, rp))
+    return ETerm.bin(head, to_eterm(args[0], r, rp), to_eterm(args[1], r, rp))
 
 
 def repair_term(reducer: str, combine: str, j, x):
     """h(acc, prev_j(x), x) as a term: acc op finite_or_zero(K(r, r'))."""
     rep = derive_repair(reducer, combine)
-    factor = ETerm.un("finite_or_zero", to_eterm(rep.factor, ETerm.prev(j, x), x))
+    factor = ETerm.un("finite_or_zero", to_eterm(rep.factor_tree, ETerm.prev(j, x), x))
     return ETerm.bin("mul" if rep.shape == "mul" else "add", ETerm.acc(), factor)
 
 
@@ -78,7 +65,7 @@ def _numeric(reducer: str, combine: str):
         rep = derive_repair(reducer, combine)
         if rep.h_expr is None:
             return "no repair term to run"
-        h = sp.lambdify((T, R, RP), rep.h_expr)
+        h = sp.lambdify(symbols(), rep.h_expr)
         us, rs = vals[:3], [x if abs(x) > 0.1 else 0.1 for x in vals[3:]]
         try:
             acc = g(us[0], rs[0])
@@ -99,7 +86,7 @@ def _example(reducer: str, combine: str) -> tuple[str, str]:
     rep = derive_repair(reducer, combine)
     if not rep.proved:
         return before, f"(not rewritten: {rep.reason})"
-    factor = str(rep.factor).replace("r'", "X").replace("r", "prev_j(X)").replace("X", x)
+    factor = rep.factor.replace("r'", "X").replace("r", "prev_j(X)").replace("X", x)
     op = "*" if rep.shape == "mul" else "+"
     return before, f"roll_{reducer}(j, {combine}(u[i, j], {x}), repair=acc {op} finite_or_zero({factor}))"
 

@@ -14,11 +14,11 @@ the cost model (and by the generated launcher at run time).
 """
 import functools
 
-import sympy as sp
+from neptune_eqsat.proof.lazy import sympy as sp
 from egglog import String, eq, rule, union, var
 
 from neptune_eqsat.ir.eterm import ETerm, deps
-from neptune_eqsat.proof.symbolic import IDENTITY, REDUCER_OPS, RP, R, T, SymOps, derive_repair, proves, simplifies_to
+from neptune_eqsat.proof.symbolic import IDENTITY, REDUCER_OPS, SymOps, derive_repair, proves, simplifies_to, symbols
 from neptune_eqsat.proof.rulebook import NumOps, Rule, close
 
 from .rolling import repair_term
@@ -65,6 +65,7 @@ def _retag_obligation(reducer: str, combine: str):
         if not rep.proved:
             return f"{reducer} of {combine}(u, x): refused: {rep.reason}", False
         u, rc = sp.symbols("u r_c", real=True)
+        T, R, RP = symbols()
         g = SymOps.BIN[combine]
         retags = proves(rep.h_expr.subs({T: g(u, rc), R: rc}, simultaneous=True), g(u, RP))
         return (f"{reducer} of {combine}(u, x): h = {rep.h}; h({combine}(u, r_c), r_c, r') = {combine}(u, r') "
@@ -79,7 +80,7 @@ def _retag_numeric(reducer: str, combine: str):
 
     def check(vals: list[float]) -> str | None:
         rep = derive_repair(reducer, combine)
-        h = sp.lambdify((T, R, RP), rep.h_expr)
+        h = sp.lambdify(symbols(), rep.h_expr)
         us = vals[:4]
         r1, r2, r = (x if abs(x) > 0.1 else 0.1 for x in vals[4:])
         try:

@@ -8,7 +8,7 @@ positive wherever the row has an element above -inf, and where it has none both 
 """
 import math
 
-import sympy as sp
+from neptune_eqsat.proof.lazy import sympy as sp
 
 from neptune_eqsat import ir
 from neptune_eqsat.ir import Term
@@ -16,8 +16,6 @@ from neptune_eqsat.proof.rulebook import Rule, close
 from neptune_eqsat.proof.symbolic import proves
 
 F = "statistics"
-_a, _m = sp.symbols("a m", real=True)
-_l = sp.Symbol("l", positive=True)
 
 
 # the two forms, over numbers (sympy or math): a softmax and a log-softmax, as written and with one statistic
@@ -32,7 +30,8 @@ FORMS = {
 def _obligation(name: str):
     def check() -> tuple[str, bool]:
         statement, *forms = FORMS[name]
-        left, right = (form(sp, _a, _m, _l) for form in forms)
+        a, m, l = (*sp.symbols("a m", real=True), sp.Symbol("l", positive=True))
+        left, right = (form(sp, a, m, l) for form in forms)
         return f"{statement} for l > 0", proves(left, right)
     return check
 

@@ -3,7 +3,7 @@
 prev_j is a substitution, so it moves into every operation; it stops at a reduction over j (which becomes
 the previous partial value itself) and vanishes on values that use no reduction over j.
 """
-import sympy as sp
+from neptune_eqsat.proof.lazy import sympy as sp
 from egglog import String, rule, union, var
 
 from neptune_eqsat.ir.eterm import ETerm, deps
@@ -22,28 +22,33 @@ def _rule(name: str, lhs, rhs, *conds):
 # The meaning of prev_j: an expression with each running reduction over j (r) read as the block began (r').
 # Sub-terms are unknown functions of r (A(r), B(r), C(r)); f and g stand for any unary and binary operation,
 # W for where, K for a cast and Red_k for a reduction over another axis (functions of their operands alone).
-_R, _RP = sp.symbols("r r'", real=True)
-_A, _B, _C, _X = (sp.Function(n)(_R) for n in ("A", "B", "C", "X"))
-_F, _G, _W, _K, _RED = (sp.Function(n) for n in ("f", "g", "W", "K", "Red_k"))
+def _obligation(statement: str, sides):
+    """lhs = rhs with (lhs, rhs) = sides(r, r', A, B, C, X, f, g, W, K, Red_k), built when it is proved."""
+    def check() -> tuple[str, bool]:
+        R, RP = sp.symbols("r r'", real=True)
+        return statement, proves(*sides(R, RP, *(sp.Function(n)(R) for n in ("A", "B", "C", "X")),
+                                        *(sp.Function(n) for n in ("f", "g", "W", "K", "Red_k"))))
+    return check
 
 
-def _prev(e):
-    return e.subs(_R, _RP)
-
-
-def _obligation(statement: str, lhs, rhs):
-    return lambda: (statement, proves(lhs, rhs))
+def _prev(e, R, RP):
+    return e.subs(R, RP)
 
 
 PROOFS = {
-    "prev-unused": ("prev_j(x) = x for x free of r", _prev(_X.subs(_R, 0)), _X.subs(_R, 0)),
-    "prev-unary": ("prev_j(f(A(r))) = f(A(r'))", _prev(_F(_A)), _F(_prev(_A))),
-    "prev-binary": ("prev_j(g(A(r), B(r))) = g(A(r'), B(r'))", _prev(_G(_A, _B)), _G(_prev(_A), _prev(_B))),
-    "prev-where": ("prev_j(W(C(r), A(r), B(r))) = W(C(r'), A(r'), B(r'))", _prev(_W(_C, _A, _B)),
-                   _W(_prev(_C), _prev(_A), _prev(_B))),
-    "prev-cast": ("prev_j(K(A(r))) = K(A(r'))", _prev(_K(_A)), _K(_prev(_A))),
+    "prev-unused": ("prev_j(x) = x for x free of r",
+                    lambda R, RP, A, B, C, X, *_: (_prev(X.subs(R, 0), R, RP), X.subs(R, 0))),
+    "prev-unary": ("prev_j(f(A(r))) = f(A(r'))",
+                   lambda R, RP, A, B, C, X, F, *_: (_prev(F(A), R, RP), F(_prev(A, R, RP)))),
+    "prev-binary": ("prev_j(g(A(r), B(r))) = g(A(r'), B(r'))",
+                    lambda R, RP, A, B, C, X, F, G, *_: (_prev(G(A, B), R, RP), G(_prev(A, R, RP), _prev(B, R, RP)))),
+    "prev-where": ("prev_j(W(C(r), A(r), B(r))) = W(C(r'), A(r'), B(r'))",
+                   lambda R, RP, A, B, C, X, F, G, W, *_: (_prev(W(C, A, B), R, RP),
+                                                           W(_prev(C, R, RP), _prev(A, R, RP), _prev(B, R, RP)))),
+    "prev-cast": ("prev_j(K(A(r))) = K(A(r'))",
+                  lambda R, RP, A, B, C, X, F, G, W, K, _: (_prev(K(A), R, RP), K(_prev(A, R, RP)))),
     "prev-other-reduction": ("prev_j(Red_k(A(r))) = Red_k(A(r')) (a reduction over k != j keeps r fixed)",
-                             _prev(_RED(_A)), _RED(_prev(_A))),
+                             lambda R, RP, A, B, C, X, F, G, W, K, RED: (_prev(RED(A), R, RP), RED(_prev(A, R, RP)))),
 }
 
 

@@ -55,12 +55,14 @@ def test_rounds_extract_the_plans_of_the_fixed_budget(name):
     sizes, device = dict(spec.typical), Device()
     new = candidates(saturate(spec.output_term, extents=spec.axis_dims), spec, sizes, device)
     old = candidates(fixed_steps(spec.output_term, spec.axis_dims), spec, sizes, device)
-    assert [(c.family, c.term) for c in new] == [(c.family, c.term) for c in old]
+    # the same plans, up to forms of equal cost (which of those is extracted depends on what else is in the
+    # e-graph: the fixed budget grows it further)
+    assert [(c.family, c.sched.passes, c.cost.seconds) for c in new] == \
+        [(c.family, c.sched.passes, c.cost.seconds) for c in old]
     if CHOSEN[name] == "staged":   # no one kernel runs it (tests/test_stages.py)
         assert new == []
         return
     assert new[0].family == CHOSEN[name]
-    assert module_source(new[0].plan, name) == module_source(old[0].plan, name)
 
 
 @pytest.mark.parametrize("name, stop", [("softmax", "saturated"), ("causal_pf", "saturated"),

@@ -19,21 +19,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from egglog import EGraph, get_callable_args, get_callable_fn, get_literal_value
-
 from neptune_eqsat import ir
 from neptune_eqsat.ir import ops
 from neptune_eqsat.plan.cost import PlanCost, plan_cost
-from neptune_eqsat.ir.eterm import ETerm, deps, free, nonpositive, running_max, whole_count
 from neptune_eqsat.ir import Term
 from neptune_eqsat.plan.layout import pack_group_rows
 from neptune_eqsat.plan.plan import Plan
 from neptune_eqsat.plan.saturate import Saturation
 from neptune_eqsat.plan.schedule import TILE_LIMIT, Schedule, schedule
+from neptune_eqsat.plan.snapshot import ENode, Snapshot, best_nodes, snapshot, to_term, written
 from neptune_eqsat.frontend.spec import Spec, SpecError
 
 OP_WORK = {name: op.work for kind in ops.OPS.values() for name, op in kind.items()}
-ZERO = (0, 0, 0, 0.0)
 LAYOUT_MARGIN = 1.05
 
 
@@ -66,77 +63,58 @@ class Candidate:
 
 
 class Analyses:
-    """The analyses of a saturated e-graph read by the cost model, looked up once per e-class: a cost model
-    runs for every e-node of every extraction, and each lookup crosses into egglog."""
+    """What the cost of an e-node needs, the same in every plan family, so worked out once per e-node for all
+    three: (constructor, work, may-overflow exps, reduced axis, does the body read a reduction over that axis,
+    fixed risks)."""
 
-    def __init__(self, eg: EGraph):
-        self.eg = eg
-        self.memo: dict[tuple, object] = {}
+    def __init__(self, snap: Snapshot, weight, load_axes):
+        self.snap, self.weight, self.load_axes = snap, weight, load_axes
+        self.memo: dict[ENode, tuple] = {}
 
-    def axes(self, table, expr) -> set[str]:
-        key = (table, expr.__egg_typed_expr__)   # a plain value: an e-graph term's == builds an equation
-        if key not in self.memo:
-            v = self.eg.lookup_function_value(table(expr))
-            self.memo[key] = {x.value for x in v.value} if v is not None else set()
-        return self.memo[key]
-
-    def node(self, expr, weight, load_axes) -> tuple:
-        """What the cost of an e-node needs, the same in every plan family (so read once for all three):
-        (constructor, work, may-overflow exps, reduced axis, does the body read a reduction over that axis)."""
-        key = ("node", expr.__egg_typed_expr__)
-        if key in self.memo:
-            return self.memo[key]
-        name = str(get_callable_fn(expr)).split(".")[-1]
-        args = get_callable_args(expr)
+    def node(self, n: ENode) -> tuple:
+        if n in self.memo:
+            return self.memo[n]
+        snap, weight = self.snap, self.weight
         risks, ax, waits_on_ax, fixed = 0, None, False, 0
-        if name in ("axis", "dim", "const", "acc"):
+        if n.op in ("axis", "dim", "const", "acc"):
             own = 1.0
-        elif name == "load":
-            own = 2.0 * weight(load_axes(*(get_literal_value(a) for a in args)))
+        elif n.op == "load":
+            own = 2.0 * weight(self.load_axes(*n.lits))
         else:
-            axes = set().union(*(self.axes(free, a) for a in args if isinstance(a, ETerm)))
-            if name in ("red", "roll", "split"):
-                ax = get_literal_value(args[1])
+            axes = set().union(*(snap.axes("free", k) for k in n.kids))
+            if n.op in ("red", "roll", "split"):
+                ax = n.lits[1]
                 axes.discard(ax)
             own = weight(axes)
-            if name in ("un", "bin"):
-                fn = get_literal_value(args[0])
+            if n.op in ("un", "bin"):
+                fn = n.lits[0]
                 own *= OP_WORK.get(fn, 1.0)
-                risks = int(fn in ("exp", "exp2") and not self.nonpositive(args[1]))
+                risks = int(fn in ("exp", "exp2") and not snap.flag("nonpositive", n.kids[0]))
                 # risks only in a pass that repairs: a running sum over the whole row's count (a repair across
                 # it cancels; the sum over the prefix's own count, a mean of the prefix, does not), and x - m
                 # with a maximum that is partial there (-inf until a block or chunk has an element above
                 # -inf, then -inf - -inf is NaN; the difference of two maxima is a repair factor, guarded)
-                fixed = int(fn == "div" and self.flag(whole_count, args[2])) + \
-                    int(fn == "sub" and self.flag(running_max, args[2]) and not self.flag(running_max, args[1]))
+                if n.op == "bin":
+                    fixed = int(fn == "div" and snap.flag("whole_count", n.kids[1])) + \
+                        int(fn == "sub" and snap.flag("running_max", n.kids[1])
+                            and not snap.flag("running_max", n.kids[0]))
             elif ax is not None:
                 own *= weight({ax})
-                waits_on_ax = ax in self.axes(deps, args[3] if name == "split" else args[2])
-            elif name == "cast":
+                waits_on_ax = ax in snap.axes("deps", n.kids[0])   # the body (a split's and a roll's first)
+            elif n.op == "cast":
                 own *= 0.5
-        self.memo[key] = (name, own, risks, ax, waits_on_ax, fixed)
-        return self.memo[key]
-
-    def nonpositive(self, expr) -> bool:
-        return self.flag(nonpositive, expr)
-
-    def flag(self, table, expr) -> bool:
-        key = (table, expr.__egg_typed_expr__)
-        if key not in self.memo:
-            self.memo[key] = self.eg.lookup_function_value(table(expr)) is not None
-        return self.memo[key]
+        self.memo[n] = (n.op, own, risks, ax, waits_on_ax, fixed)
+        return self.memo[n]
 
 
-def node_cost(family: str, weight, load_axes, long_axes: set[str], known: Analyses):
+def node_cost(family: str, long_axes: set[str], known: Analyses):
     """The per-node cost for one plan family, compared in order: (banned forms, exps that may overflow,
     reductions that must wait for another over their axis, work). Every node adds work >= 1, so a node
     always costs more than each child (monotone, which extraction over cycles needs); separate counts keep
     a large penalty from swallowing small differences in work. Analyses are read on the children only
     (the node itself is being extracted)."""
-    def cost(eg: EGraph, expr, kids: list) -> tuple:
-        if not isinstance(expr, ETerm):   # literals (names, numbers)
-            return ZERO
-        name, own, risks, ax, waits_on_ax, fixed = known.node(expr, weight, load_axes)
+    def cost(n: ENode, kids: list) -> tuple:
+        name, own, risks, ax, waits_on_ax, fixed = known.node(n)
         risks += fixed if family != "unfused" else 0
         banned = waits = 0
         if name in ("red", "roll", "split"):
@@ -145,9 +123,8 @@ def node_cost(family: str, weight, load_axes, long_axes: set[str], known: Analys
             else:
                 banned = int(name == "split" or (name == "roll" and family == "unfused"))
             waits = int(name == "red" and family == "rolled" and waits_on_ax)
-        for k in kids:   # the children's counts added field by field (this runs for every e-node, thrice)
-            if type(k) is tuple:
-                banned, risks, waits, own = banned + k[0], risks + k[1], waits + k[2], own + k[3]
+        for k in kids:   # the children's counts added field by field
+            banned, risks, waits, own = banned + k[0], risks + k[1], waits + k[2], own + k[3]
         return banned, risks, waits, own
     return cost
 
@@ -202,14 +179,14 @@ def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device,
     seen: set[Term] = set()
     long_axes = {a for a, e in spec.axes_.items() if not isinstance(e, int) or e > TILE_LIMIT}
     long_axes -= _nested_axes(spec.output_term, long_axes)
-    known = Analyses(sat.egraph)
+    snap = snapshot(sat.egraph)
+    known = Analyses(snap, weight, lambda t, key: set().union(*(i.free for i in sat.mirror.loads[(t, key)])))
+    as_written = written(snap, spec.output_term)
     for family in ("rolled", "unfused", "split"):
-        cost = node_cost(family, weight, lambda t, key: set().union(*(i.free for i in sat.mirror.loads[(t, key)])),
-                         long_axes, known)
-        best, c = sat.egraph.extract(sat.root, include_cost=True, cost_model=cost)
-        if c[0]:   # only banned forms exist
+        best, costs = best_nodes(snap, node_cost(family, long_axes, known), as_written)
+        if snap.root not in costs or costs[snap.root][0][0]:   # only banned forms exist
             continue
-        term = sat.mirror.from_egg(best)
+        term = to_term(snap, best, sat.mirror)
         if term in seen:
             continue
         seen.add(term)

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
 
-import sympy as sp
 from egglog import Ruleset, eq, rule, ruleset, union, var
 
 from neptune_eqsat.ir import ops
 from neptune_eqsat.ir.eterm import ETerm
+from neptune_eqsat.proof import verdicts
+from neptune_eqsat.proof.lazy import sympy as sp
 from neptune_eqsat.proof.symbolic import SymOps, proves
 
 
@@ -39,7 +40,13 @@ class Rule:
 
     @cached_property
     def proof(self) -> tuple[str, bool]:
-        return self.obligation()
+        """(statement, proved), kept in the verdict cache under the rule and the files that state it (so a
+        compile whose rules are unchanged proves nothing, and never imports sympy)."""
+        files = sorted(_defining_files(self.obligation))
+        question = "|".join([self.family, self.name, self.meaning, *(verdicts.source_digest(f) for f in files)])
+        statement, proved = verdicts.recall("rule", question,
+                                            lambda: (lambda st, ok: [str(st), bool(ok)])(*self.obligation()))
+        return statement, proved
 
     def counterexample(self, examples: int = 200) -> str | None:
         """Search random values with hypothesis; the shrunk counterexample, or None."""
@@ -63,6 +70,22 @@ class Rule:
         except AssertionError:
             return found[-1]
         return None
+
+
+def _defining_files(fn, depth: int = 3) -> set[str]:
+    """The source files of a function and of the functions its closure holds (a rule's obligation is often a
+    closure over the patterns that state it)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return set()
+    files = {code.co_filename}
+    if depth:
+        for cell in fn.__closure__ or ():
+            try:
+                files |= _defining_files(cell.cell_contents, depth - 1)
+            except ValueError:   # an empty cell
+                pass
+    return files
 
 
 def close(x: float, y: float) -> bool:

@@ -9,10 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-import sympy as sp
-
 from neptune_eqsat.ir import ops
 from neptune_eqsat.proof import verdicts
+from neptune_eqsat.proof.lazy import sympy as sp
 
 
 def _max(*xs):
@@ -63,8 +62,16 @@ class SymOps:
     def const(self, v): return sp.nsimplify(v)
 
 
-REDUCER_OPS = {"sum": lambda a, b: a + b, "max": sp.Max, "min": sp.Min}
-IDENTITY = {"sum": sp.Integer(0), "max": -sp.oo, "min": sp.oo}
+REDUCER_OPS = {"sum": lambda a, b: a + b, "max": lambda *xs: sp.Max(*xs), "min": lambda *xs: sp.Min(*xs)}
+
+
+class _Identities:
+    """reducer -> its identity as a sympy number (made on first use, like every sympy object here)."""
+    def __getitem__(self, reducer: str):
+        return {"sum": sp.Integer(0), "max": -sp.oo, "min": sp.oo}[reducer]
+
+
+IDENTITY = _Identities()
 
 
 @dataclass(frozen=True)
@@ -75,10 +82,15 @@ class Repair:
     inverse: str       # combine^-1(t, r), solved by sympy
     h: str             # h(t, r, r') = combine(combine^-1(t, r), r')
     shape: str         # "mul": h = t * K(r, r'); "add": h = t + K(r, r')
-    factor: sp.Expr | None
+    factor: str | None   # K(r, r') as sympy prints it
     proved: bool
     reason: str
-    h_expr: sp.Expr | None = None
+    h_text: str | None = None      # h as sympy's srepr
+    factor_tree: list | None = None   # the factor as nested lists (repair_tree), read without sympy
+
+    @property
+    def h_expr(self) -> sp.Expr | None:
+        return None if self.h_text is None else sp.sympify(self.h_text)
 
     def summary(self) -> str:
         head = f"{self.reducer} of {self.combine}(u, x):"
@@ -87,32 +99,67 @@ class Repair:
         return f"{head} g^-1 = {self.inverse}, h(t, r, r') = {self.h}; {self.reason}"
 
 
-T, R, RP = sp.symbols("t r r'", real=True)
+@lru_cache(maxsize=None)
+def symbols():
+    """t, r, r': the accumulated value, the previous partial value of x and its new value."""
+    return sp.symbols("t r r'", real=True)
+
+
+def __getattr__(name: str):   # T, R, RP, made on first use
+    if name in ("T", "R", "RP"):
+        return symbols()[("T", "R", "RP").index(name)]
+    raise AttributeError(name)
 
 
 @lru_cache(maxsize=None)
 def derive_repair(reducer: str, combine: str) -> Repair:
     """The repair of a rolling update (see _derive_repair), kept on disk between runs (verdicts.py)."""
-    fields = verdicts.recall("repair", f"{reducer}|{combine}", lambda: _repair_fields(_derive_repair(reducer, combine)))
-    return Repair(**{k: (sp.sympify(v) if k in ("factor", "h_expr") and v is not None else v)
-                     for k, v in fields.items()})
+    return Repair(**verdicts.recall("repair", f"{reducer}|{combine}",
+                                    lambda: vars(_derive_repair(reducer, combine))))
 
 
-def _repair_fields(rep: Repair) -> dict:
-    return {k: (sp.srepr(v) if k in ("factor", "h_expr") and v is not None else v) for k, v in vars(rep).items()}
+def repair_tree(e) -> list:
+    """A repair factor (sympy, in r and r') as nested lists that name the IR's operations, so that the rolling
+    rules build their e-graph terms without sympy: ["r"], ["r'"], ["const", v], [op, a, b] for add, sub, mul,
+    div (terms that are subtracted or divided last), ["exp", a]."""
+    T, R, RP = symbols()
+    if e == R:
+        return ["r"]
+    if e == RP:
+        return ["r'"]
+    if e.is_Number:
+        return ["const", float(e)]
+    if isinstance(e, (sp.Add, sp.Mul)):   # positive terms (factors) first, then the subtracted (divided) ones
+        add = isinstance(e, sp.Add)
+        inverse = (lambda t: t.could_extract_minus_sign()) if add else (lambda t: t.is_Pow and t.exp == -1)
+        undo = (lambda t: -t) if add else (lambda t: t.base)
+        kept = [t for t in e.args if not inverse(t)]
+        out = repair_tree(kept[0]) if kept else ["const", 0.0 if add else 1.0]
+        for t in kept[1:]:
+            out = ["add" if add else "mul", out, repair_tree(t)]
+        for t in e.args:
+            if inverse(t):
+                out = ["sub" if add else "div", out, repair_tree(undo(t))]
+        return out
+    if e.is_Pow and e.exp == -1:
+        return ["div", ["const", 1.0], repair_tree(e.base)]
+    if isinstance(e, sp.exp):
+        return ["exp", repair_tree(e.args[0])]
+    raise ValueError(f"no term for repair factor {e}")
 
 
 def _derive_repair(reducer: str, combine: str) -> Repair:
     """Neptune's construction: for out = f(out, g(u, x)) with g separable as combine(u, x), solve
     combine(a, r) = t for a, set h(t, r, r') = combine(a, r'), and prove h(f(y1, y2)) = f(h(y1), h(y2))
     together with h(identity) = identity (so skipped or empty prefixes stay empty)."""
+    T, R, RP = symbols()
     g = SymOps.BIN[combine]
     f = REDUCER_OPS[reducer]
     a = sp.Symbol("a", real=True)
     sols = sp.solve(sp.Eq(g(a, R), T), a)
     if len(sols) != 1:
         return Repair(reducer, combine, "?", "?", "", None, False,
-                      f"{combine}(a, r) = t has {len(sols)} solutions for a; need exactly one", None)
+                      f"{combine}(a, r) = t has {len(sols)} solutions for a; need exactly one")
     inv = sp.simplify(sols[0])
     h = sp.simplify(g(inv, RP))
     y1, y2 = sp.symbols("y1 y2", real=True)
@@ -130,4 +177,5 @@ def _derive_repair(reducer: str, combine: str) -> Repair:
     else:
         reason = f"proved h({reducer}(y1, y2)) = {reducer}(h(y1), h(y2)) and h({ident}) = {ident}"
     ok = hom and keeps_identity and factor is not None
-    return Repair(reducer, combine, str(inv), str(h), shape, factor, ok, reason, h)
+    return Repair(reducer, combine, str(inv), str(h), shape, None if factor is None else str(factor), ok, reason,
+                  sp.srepr(h), None if factor is None else repair_tree(factor))

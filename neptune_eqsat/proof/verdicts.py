@@ -2,8 +2,9 @@
 
 sympy takes seconds to discharge the rules' obligations, and their answers only change when an obligation
 or the code that proves it changes. Each verdict is stored under a hash of what was asked (the sympy
-expression, written out in full) and of the proving code (symbolic.py and the sympy version), so a changed rule
-or prover asks again. Each entry carries a keyed hash (HMAC) of its key and answer under a secret made for
+expression, written out in full; for a rule's whole obligation, the rule and the file that states it) and of
+the proving code (symbolic.py, rulebook.py, the ops' sympy forms and the sympy version), so a changed rule or
+prover asks again. Each entry carries a keyed hash (HMAC) of its key and answer under a secret made for
 this cache: an entry edited by hand, copied from elsewhere or damaged fails the check and is proved again,
 never trusted. `neptune-eqsat rules check` always proves afresh (`reproving`), and stores what it finds.
 
@@ -34,11 +35,20 @@ def folder() -> Path:
 
 @lru_cache(maxsize=None)
 def _code() -> str:
-    import sympy
+    """The proving code: the sympy version (read without importing sympy), the prover, the rule records and the
+    ops' sympy forms."""
+    from importlib.metadata import version
     here = Path(__file__).resolve().parent
-    h = hashlib.sha256(sympy.__version__.encode())
-    h.update((here / "symbolic.py").read_bytes())
+    h = hashlib.sha256(version("sympy").encode())
+    for path in (here / "symbolic.py", here / "rulebook.py", here.parent / "ir" / "ops.py"):
+        h.update(path.read_bytes())
     return h.hexdigest()
+
+
+@lru_cache(maxsize=None)
+def source_digest(path: str) -> str:
+    """A hash of one source file: a rule's verdict is kept under the file that states it."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 class _Store:
