@@ -269,8 +269,8 @@ def rules_check(names: tuple[str, ...], examples: int) -> None:
 
     failed = False
     for r in _select(names):
-        with reproving():   # proved now, not taken from the proofs kept on disk
-            stmt, ok = r.obligation()
+        with reproving():   # proved now, not taken from the proofs kept on disk (and stored there)
+            stmt, ok = r.prove()
         bad = r.counterexample(examples)
         if ok and bad is None:
             status = "ok      "

@@ -117,3 +117,35 @@ def test_the_egraph_is_freed_on_the_thread_that_compiled():
         gc.enable()
         sys.unraisablehook = hook
     assert not [e for e in errors if "unsendable" in e], errors
+
+
+def test_the_extracted_kernel_does_not_depend_on_what_was_compiled_before():
+    """Saturations on the main thread share one e-graph (pushed and popped), whose e-class numbers and table
+    order carry over from earlier compiles; equal-cost forms are settled by the terms alone, so a spec compiles
+    to the same module whatever came before, in this process or a fresh one."""
+    import subprocess
+    path = str(SPECS / "softcap_pf.py")
+    first = optimize(path).source
+    for other in ("layernorm", "causal_dc", "log_softmax"):
+        optimize(str(SPECS / f"{other}.py"))
+    assert optimize(path).source == first
+    code = "import sys; from neptune_eqsat.compiler import optimize; sys.stdout.write(optimize(sys.argv[1]).source)"
+    fresh = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, check=True).stdout
+    assert fresh == first
+
+
+def test_a_saturation_left_unreleased_costs_the_shared_egraph_only_while_it_is_alive():
+    from neptune_eqsat.plan.saturate import _BASE
+    from neptune_eqsat.ir.eterm import egraph_size
+    term = load_spec(SPECS / "softmax.py").output_term
+    held = saturate(term)
+    assert held.egraph is _BASE.egraph
+    other = saturate(term)   # the shared e-graph is in use: a fresh one
+    assert other.egraph is not _BASE.egraph and other.nodes == held.nodes
+    other.release()
+    del held
+    gc.collect()
+    again = saturate(term)   # the dropped saturation's state is popped, the shared e-graph reused
+    assert again.egraph is _BASE.egraph and again.nodes == other.nodes
+    again.release()
+    assert egraph_size(_BASE.egraph) == 0

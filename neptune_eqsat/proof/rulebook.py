@@ -42,10 +42,15 @@ class Rule:
     def proof(self) -> tuple[str, bool]:
         """(statement, proved), kept in the verdict cache under the rule and the files that state it (so a
         compile whose rules are unchanged proves nothing, and never imports sympy)."""
+        return self.prove()
+
+    def prove(self) -> tuple[str, bool]:
+        """The proof from the verdict cache, or proved now (always, inside verdicts.reproving()) and stored."""
         files = sorted(_defining_files(self.obligation))
         question = "|".join([self.family, self.name, self.meaning, *(verdicts.source_digest(f) for f in files)])
         statement, proved = verdicts.recall("rule", question,
                                             lambda: (lambda st, ok: [str(st), bool(ok)])(*self.obligation()))
+        self.__dict__["proof"] = (statement, proved)
         return statement, proved
 
     def counterexample(self, examples: int = 200) -> str | None:
