@@ -305,7 +305,7 @@ def _block_lists(cls):
     row blocks in order of decreasing work summed over the entries (the order programs start in, so the
     longest run first and the last wave is short), then whether that work is skewed, flat."""
     n_rb, n_kb = cls.shape[-2], cls.shape[-1]
-    cls = cls.reshape(-1, n_kb)
+    cls = cls.flatten(0, -2)   # (not reshape(-1, n_kb): no key blocks at all is a size, e.g. an empty KV shard)
     out = torch.zeros(cls.shape[0], 2, n_kb + 1, dtype=torch.int32, device=cls.device)
     for slot, kind in ((0, 1), (1, 2)):
         hit = cls == kind
@@ -314,5 +314,6 @@ def _block_lists(cls):
     work = (out[:, 0, 0] + out[:, 1, 0]).reshape(-1, n_rb).sum(0)
     order = torch.sort(-work, stable=True).indices.to(torch.int32)
     # last: 1 where a few row blocks hold most of the work (global tokens: their row sees every key)
-    skewed = (work.max() > 4 * work.float().mean()).to(torch.int32).reshape(1)
+    skewed = (work.max() > 4 * work.float().mean()).to(torch.int32).reshape(1) if work.numel() else \
+        torch.zeros(1, dtype=torch.int32, device=cls.device)
     return torch.cat([out.reshape(-1), order, skewed])

@@ -20,6 +20,7 @@ from .gluon import WarpSpecialized, match_warp_specialized, render_warp_speciali
 from .gluon_writer import CONSUMERS, ROWS, GluonWriter
 from .kernel import KernelWriter, grid_sizes, jit_decorator
 from .triton_kernel import kernel_source
+from . import split_entry
 
 GLUON_IMPORTS = """from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -96,7 +97,7 @@ def forward({args}, *, config=None):
     if rec is not None:
         _REPLAYS[key] = rec.replay(device, out)
     return out
-'''
+{split_entry}'''
 
 TORCH_DTYPE = {"f16": "torch.float16", "bf16": "torch.bfloat16", "f32": "torch.float32", "f64": "torch.float64"}
 
@@ -190,12 +191,14 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
     out_alloc = (f"    out = _empty(rec, ({', '.join(str(e) if isinstance(e, int) else e.name for e in shape)},), "
                  f"{TORCH_DTYPE[spec.output_dtype]}, device)")
     gpu, cpu = default_blocks(sched)
-    helpers = gluon_imports = ""
+    helpers = gluon_imports = split_entry_src = ""
     if sched.split:
-        kernels, w, launch, dims_used = _split_parts(sched, plan.combine, name, out_alloc, gpu, cpu)
+        kernels, w, launch, dims_used, combine_launch = _split_parts(sched, plan.combine, name, out_alloc, gpu, cpu)
         # the block lists are built before the partial-results kernel launches (after the output's allocation)
         at = launch.index(out_alloc)
         launch[at + 1:at + 1] = [blocks.builder_call(t, w, "kernel_cfg") for t in w.tables.values()]
+        split_entry_src = split_entry.entry_points(launch, combine_launch, plan.combine, out_alloc)
+        launch = launch + ["    if not in_kernel:"] + ["    " + x for x in combine_launch]
         helpers = blocks.helpers_source(w)
     else:
         kernel, w = kernel_source(sched, name)
@@ -264,6 +267,7 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
         tuned_for=tuned_for,
         gluon_imports=gluon_imports, inputs_table=inputs_table, lengths=lengths, args=", ".join(inputs), first=inputs[0], dims=dims or "    pass",
         launch="\n".join(launch), doc=f"{spec.name}: inputs {', '.join(inputs)}; returns {spec.output_name}.",
+        split_entry=split_entry_src.replace("@ARGS@", ", ".join(inputs)).replace("@DIMS@", dims or "    pass"),
     )
 
 
@@ -337,6 +341,6 @@ def _split_parts(sched: Schedule, comb: Combine, name: str, out_alloc: str, gpu:
         gpu["USE_TMA"], cpu["USE_TMA"] = 0, 1
     launch += _descriptor_lines(w, "kernel_cfg") + _launch(w, f"{rows}, {rest}, {comb.chunk_dim}", "kernel_cfg")
     crows, crest = _grid(cw, comb.sched, "combine_cfg")
-    launch += ["    if not in_kernel:"] + ["    " + x for x in _launch(cw, f"{crows}, {crest}", "combine_cfg")]
+    combine_launch = _launch(cw, f"{crows}, {crest}", "combine_cfg")
     dims = [d for d in dict.fromkeys(w.dims + cw.dims) if d != comb.chunk_dim]
-    return tile_src + "\n\n" + wrapper + "\n\n" + part_src, w, launch, dims
+    return tile_src + "\n\n" + wrapper + "\n\n" + part_src, w, launch, dims, combine_launch

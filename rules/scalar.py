@@ -105,11 +105,13 @@ RULES = [
          _proved("(a*k)*k2 = a*(k*k2)", lambda: ((sa * sk) * sk2, sa * (sk * sk2)))),
     Rule("constant-product", F, "k * k2 = (k*k2): constants multiply before the kernel runs",
          _rw("constant-product", ETerm.bin("mul", C(k), C(k2)), C(k * k2)),
-         _proved("k*k2 = (k*k2), one constant computed (in f64) when the rule fires", lambda: (sk * sk2, sp.Mul(sk, sk2)))),
+         _proved("k*k2 = (k*k2), one constant computed (in f64) when the rule fires",
+                 lambda: (sk * sk2, sp.Mul(sk, sk2)))),
     Rule("tanh-as-logistic2", F, "tanh(a) = 1 - 2 logistic2(a * 2 log2 e): one exp2 and a reciprocal, and the "
          "factor folds into the score's scale",
          _rw("tanh-as-logistic2", ETerm.un("tanh", a), _tanh_as_logistic2(EggOps(), a)),
-         _proved("tanh(a) = 1 - 2/(1 + 2**(2a / log(2)))", lambda: (sp.tanh(sa), 1 - 2 / (1 + 2 ** (2 * sa / sp.log(2))))),
+         _proved("tanh(a) = 1 - 2/(1 + 2**(2a / log(2)))",
+                 lambda: (sp.tanh(sa), 1 - 2 / (1 + 2 ** (2 * sa / sp.log(2))))),
          evaluate_both(lambda o, a: o.un("tanh", a), _tanh_as_logistic2), 1),
     Rule("logistic2-of-exp2", F, "a / (1 + exp2(b)) = a * logistic2(b): the logistic function (sigmoid) "
          "without an exp2 that may overflow",
@@ -140,7 +142,8 @@ RULES = [
     Rule("max-push-positive-constant", F, "max_j(x) * k = max_j(x * k) for a constant k > 0",
          _rw("max-push-positive-constant", ETerm.bin("mul", ETerm.red("max", ax, x), C(k)),
              ETerm.red("max", ax, ETerm.bin("mul", x, C(k))), k > f64(0.0)),
-         _proved("max(y1, y2)*k = max(y1*k, y2*k), k > 0", lambda: (sp.Max(y1, y2) * kpos, sp.Max(y1 * kpos, y2 * kpos)))),
+         _proved("max(y1, y2)*k = max(y1*k, y2*k), k > 0",
+                 lambda: (sp.Max(y1, y2) * kpos, sp.Max(y1 * kpos, y2 * kpos)))),
     Rule("prev-of-scaled", F, "prev_j(a) * k = prev_j(a * k)",
          _rw("prev-of-scaled", ETerm.bin("mul", ETerm.prev(ax, a), C(k)), ETerm.prev(ax, ETerm.bin("mul", a, C(k)))),
          _proved("prev_j(a)*k = prev_j(a*k): prev_j reads each running value as the block began (a -> a'), k "

@@ -1,0 +1,112 @@
+"""A split reduction across processes (neptune_eqsat/distributed.py): several ranks on the CPU (gloo, Triton's
+interpreter), each with a shard of the split axis, exchange their partial results and combine them; the output
+matches the float64 evaluation of the unsharded spec on every rank, with uneven shards and a shard that holds
+no key at all."""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from neptune_eqsat.compiler import optimize
+from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
+from neptune_eqsat.spec import load_spec
+
+from conftest import SPECS
+
+# decode over a KV cache whose keys carry their positions (a cache sharded by position, or paged): a query sees
+# the keys at positions up to its own, so the mask reads global positions, whichever rank holds the key
+DECODE = '''"""Grouped-query decode over a KV cache with key positions."""
+from neptune_eqsat.spec import *
+
+spec = Spec("positions_dc")
+B, Q, SKV = spec.dims(B=1, Q=2, SKV=4096)
+H, HKV, D = 4, 2, 16
+b, h, i, j, d, e = spec.axes(b=B, h=H, i=Q, j=SKV, d=D, e=D)
+q = spec.input("q", f16, B, H, Q, D)
+k = spec.input("k", f16, B, HKV, SKV, D)
+v = spec.input("v", f16, B, HKV, SKV, D)
+kpos = spec.input("kpos", f32, SKV)
+qpos = spec.input("qpos", f32, Q)
+hk = h // (H // HKV)
+
+s = sum(d, q[b, h, i, d] * k[b, hk, j, d]) / sqrt(D)
+s = where(kpos[j] <= qpos[i], s, -inf)
+m = max(j, s)
+p = exp(s - where(m == -inf, 0, m))
+l = sum(j, p)
+o = sum(j, cast(p, f16) * v[b, hk, j, e]) / where(l == 0, 1, l)
+spec.output("o", f16, o, b, h, i, e)
+'''
+
+WORKER = r'''
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import torch, torch.distributed as dist
+from neptune_eqsat.distributed import sharded_forward
+from neptune_eqsat.runtime.loader import load_module
+
+rank, world, store, module_file, data_file, out_file = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:]
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+mod = load_module(open(module_file).read(), f"sharded_{rank}")
+data = torch.load(data_file)
+inputs, axis_of, bounds, sizes = data["inputs"], data["axis_of"], data["bounds"], data["sizes"]
+lo, hi = bounds[rank]
+local = [x.narrow(axis_of[n], lo, hi - lo).contiguous() if n in axis_of else x for n, x in inputs.items()]
+out = sharded_forward(mod, *local, sizes=sizes)
+torch.save(out, f"{out_file}.{rank}")
+dist.destroy_process_group()
+'''
+
+
+def run_sharded(source: str, inputs: dict, axis_of: dict, bounds: list, sizes: dict, tmp: Path) -> list:
+    import subprocess
+    (tmp / "module.py").write_text(source)
+    torch.save({"inputs": inputs, "axis_of": axis_of, "bounds": bounds, "sizes": sizes}, tmp / "data.pt")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r), str(len(bounds)), str(tmp / "store"),
+                               str(tmp / "module.py"), str(tmp / "data.pt"), str(tmp / "out")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(len(bounds))]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    return [torch.load(tmp / f"out.{r}") for r in range(len(bounds))]
+
+
+def check(spec, result, inputs, shard_axis_of, bounds, sizes, tmp):
+    want = evaluate(spec, inputs)
+    outs = run_sharded(result.source, inputs, shard_axis_of, bounds, sizes, tmp)
+    for out in outs:
+        assert (out.double() - want).abs().max().item() <= tolerance(spec.output_dtype)
+        assert not out.isnan().any()
+
+
+@pytest.mark.parametrize("bounds", [[(0, 20), (20, 37)], [(0, 9), (9, 37), (37, 37)]],
+                         ids=["two-uneven", "three-one-empty"])
+def test_decode_over_a_kv_cache_sharded_by_position(tmp_path, bounds):
+    path = tmp_path / "positions_dc.py"
+    path.write_text(DECODE)
+    spec = load_spec(path)
+    result = optimize(spec, plan="split")
+    inputs = random_inputs(spec, {"B": 1, "Q": 2, "SKV": 37}, seed=3)
+    inputs["kpos"] = torch.randperm(37, generator=torch.Generator().manual_seed(1)).float()   # any order
+    inputs["qpos"] = torch.tensor([5, 30], dtype=torch.float32)   # the first query sees few keys, some ranks none
+    axes = {"k": 2, "v": 2, "kpos": 0}
+    check(spec, result, inputs, axes, bounds, {"SKV": 37}, tmp_path)
+
+
+def test_a_row_statistic_sharded_along_its_row(tmp_path):
+    """Not attention: sum_j x / max_j x over rows split across ranks, combined with its derived repair t r / r'."""
+    spec = load_spec(SPECS / "max_normalized_sum.py")
+    result = optimize(spec, plan="split")
+    inputs = random_inputs(spec, {"R": 3, "N": 45}, seed=4)
+    check(spec, result, inputs, {"x": 1}, [(0, 30), (30, 45)], {"N": 45}, tmp_path)
+
+
+def test_a_module_that_is_not_split_is_refused():
+    from neptune_eqsat.distributed import sharded_forward
+    from neptune_eqsat.runtime.loader import load_module
+    mod = load_module(optimize(str(SPECS / "softmax.py")).source, "not_split")
+    with pytest.raises(TypeError, match="not a split plan"):
+        sharded_forward(mod, torch.ones(2, 3))
