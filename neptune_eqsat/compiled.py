@@ -49,14 +49,14 @@ def _store(source: str, key: str) -> Path:
     return path
 
 
-def cached_source(key: str, spec: Spec, spec_file: str = "flex_attention") -> Path:
+def cached_source(key: str, spec: Spec, spec_file: str = "flex_attention", plan: str | None = None) -> Path:
     """The generated module of a traced spec in the disk cache, optimized now if it is not there yet; not
     imported (a machine without a GPU can fill the cache for one with). `spec_file` names where the spec came
-    from in the module's header."""
+    from in the module's header; `plan` forces a plan family (the key must name it)."""
     path = cache_dir() / f"flex_{key}.py"
     if not path.exists():
         from neptune_eqsat import compiler   # only on a miss: a filled cache runs without egglog or sympy
-        _store(compiler.optimize(spec, spec_file=spec_file, out_file=path.name).source, key)
+        _store(compiler.optimize(spec, spec_file=spec_file, out_file=path.name, plan=plan).source, key)
     return path
 
 
@@ -83,15 +83,19 @@ def compiler_fingerprint() -> str:
     return h.hexdigest()[:12]
 
 
-def compiled_module(key: str, spec: Spec, interpret: bool, spec_file: str = "flex_attention") -> ModuleType:
-    """The generated module for a traced spec: from memory, else from the disk cache, else optimized now."""
+def compiled_module(key: str, spec: Spec, interpret: bool, spec_file: str = "flex_attention",
+                    plan: str | None = None) -> ModuleType:
+    """The generated module for a traced spec: from memory, else from the disk cache, else optimized now (with
+    the plan family `plan` where given)."""
+    if plan is not None:
+        key = f"{key}_{plan}"
     mod = _MEMORY.get((key, interpret))
     if mod is not None:
         return mod
     with _LOCK:
         mod = _MEMORY.get((key, interpret))
         if mod is None:
-            source = cached_source(key, spec, spec_file).read_text()
+            source = cached_source(key, spec, spec_file, plan).read_text()
             mod = _MEMORY[(key, interpret)] = _load(source, key, interpret)
     return mod
 

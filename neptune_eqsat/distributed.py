@@ -49,3 +49,57 @@ def sharded_forward(module: ModuleType, *inputs: torch.Tensor, sizes: dict[str, 
     partials = module.forward_partials(*inputs, config=config)
     joined = gather_partials(partials, module.PARTIALS, group)
     return module.combine(*inputs, partials=joined, sizes=sizes, config=config)
+
+
+class _Shifted:
+    """score_mod and mask_mod called with the key's global position: kv_idx plus this rank's offset, a captured
+    tensor (one compiled kernel for every rank and shard length; filled before each call)."""
+
+    def __init__(self, score_mod, mask_mod, device: torch.device):
+        self.offset = torch.zeros(1, dtype=torch.int32, device=device)
+        off = self.offset
+        self.score = None if score_mod is None else (lambda s, b, h, q, k: score_mod(s, b, h, q, k + off[0]))
+        self.mask = None if mask_mod is None else (lambda b, h, q, k: mask_mod(b, h, q, k + off[0]))
+
+
+_SHIFTED: dict[tuple, tuple] = {}   # (callables, device) -> (weak refs to them, _Shifted)
+_TRACED: dict[tuple, tuple] = {}    # (callables, device, problem) -> (spec, captures, compiled)
+
+
+def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, score_mod=None,
+                               mask_mod=None, *, group=None, scale: float | None = None,
+                               enable_gqa: bool = False) -> torch.Tensor:
+    """flex_attention over keys and values sharded across the ranks of `group` along the sequence: each rank
+    passes the same query and its own shard of key and value (rank order is sequence order; shards may differ
+    in length, or be empty). score_mod and mask_mod see global key positions. Each rank computes its partial
+    results with the split plan's kernel, the partials are gathered, and every rank gets the whole output.
+    No gradient yet."""
+    from neptune_eqsat import flex
+    from neptune_eqsat.compiled import compiled_module, run_kernels
+    from neptune_eqsat.frontend.flex_trace import trace
+
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        raise NotImplementedError("context_parallel_attention has no backward pass yet: call it under "
+                                  "torch.no_grad() or with tensors that do not require grad")
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    lengths = [torch.zeros(1, dtype=torch.int64, device=key.device) for _ in range(world)]
+    dist.all_gather(lengths, torch.tensor([key.shape[2]], device=key.device), group=group)
+    lengths = [int(n.item()) for n in lengths]
+    memo = (id(score_mod), id(mask_mod), key.device)
+    hit = _SHIFTED.get(memo)
+    if hit is None or hit[0][0]() is not score_mod or hit[0][1]() is not mask_mod:
+        hit = _SHIFTED[memo] = ((flex._ref(score_mod), flex._ref(mask_mod)), _Shifted(score_mod, mask_mod, key.device))
+    shifted = hit[1]
+    shifted.offset.fill_(sum(lengths[:rank]))
+    problem = flex._problem(query, key, value, None if scale is None else float(scale), bool(enable_gqa))
+    interpret = query.device.type == "cpu"
+    traced = _TRACED.get(memo + (problem,))
+    if traced is None or traced[0] is not shifted:
+        spec, captures = trace(shifted.score, shifted.mask, problem)
+        module = compiled_module(flex.plan_key(spec, problem), spec, interpret=interpret, plan="split")
+        traced = _TRACED[memo + (problem,)] = (shifted, captures, flex._Compiled(module, spec))
+    _, captures, compiled = traced
+    captures = [flex._as_kernel_input(c, query.device) for c in captures]
+    compiled.check_indices(query, key, captures)
+    return run_kernels(query.device, lambda: sharded_forward(compiled.module, query, key, value, *captures,
+                                                             sizes={"S": sum(lengths)}, group=group))

@@ -110,3 +110,82 @@ def test_a_module_that_is_not_split_is_refused():
     mod = load_module(optimize(str(SPECS / "softmax.py")).source, "not_split")
     with pytest.raises(TypeError, match="not a split plan"):
         sharded_forward(mod, torch.ones(2, 3))
+
+
+FLEX_WORKER = r'''
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import torch, torch.distributed as dist
+from neptune_eqsat.distributed import context_parallel_attention
+
+rank, world, store, data_file, out_file = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:]
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+data = torch.load(data_file)
+q, k, v, bias, bounds, total = data["q"], data["k"], data["v"], data["bias"], data["bounds"], data["total"]
+L = q.shape[2]
+
+def score_mod(s, b, h, qi, ki):          # a learned bias per key position, read at the global position
+    return s + bias[ki] + 0.05 * (ki - qi)
+
+def mask_mod(b, h, qi, ki):              # the queries are the newest positions: bottom-right causal
+    return ki <= qi + (total - L)
+
+lo, hi = bounds[rank]
+with torch.no_grad():
+    for _ in range(2):                   # a second call reuses the traced and compiled module
+        out = context_parallel_attention(q, k[:, :, lo:hi].contiguous(), v[:, :, lo:hi].contiguous(),
+                                         score_mod, mask_mod, enable_gqa=True)
+torch.save(out, f"{out_file}.{rank}")
+dist.destroy_process_group()
+'''
+
+
+def test_flex_attention_over_keys_sharded_across_ranks(tmp_path):
+    """FlexAttention callables over a KV cache split across three ranks (one shard empty): score_mod and
+    mask_mod read global key positions; every rank gets the whole output, against float64."""
+    import subprocess
+    g = torch.Generator().manual_seed(7)
+    total, L = 41, 3
+    q = torch.randn(1, 4, L, 16, generator=g).half()
+    k = torch.randn(1, 2, total, 16, generator=g).half()
+    v = torch.randn(1, 2, total, 16, generator=g).half()
+    bias = torch.randn(total, generator=g)
+    bounds = [(0, 17), (17, 17), (17, 41)]
+    torch.save({"q": q, "k": k, "v": v, "bias": bias, "bounds": bounds, "total": total}, tmp_path / "data.pt")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", FLEX_WORKER, str(r), "3", str(tmp_path / "store"),
+                               str(tmp_path / "data.pt"), str(tmp_path / "out")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(3)]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    qi, ki = torch.arange(L).view(L, 1), torch.arange(total).view(1, total)
+    kk, vv = k.double().repeat_interleave(2, dim=1), v.double().repeat_interleave(2, dim=1)
+    s = q.double() @ kk.transpose(-1, -2) / 4.0 + bias.double()[ki] + 0.05 * (ki - qi)
+    s = s.masked_fill(~(ki <= qi + (total - L)), float("-inf"))
+    want = torch.softmax(s, dim=-1) @ vv
+    for r in range(3):
+        out = torch.load(tmp_path / f"out.{r}")
+        assert (out.double() - want).abs().max().item() <= 2e-2, r
+
+
+@pytest.mark.parametrize("spec_name, sizes, axis_of, cuts", [
+    ("gqa_dc", {"B": 1, "Q": 1, "SKV": 70}, {"k": 2, "v": 2}, [0, 33, 33, 70]),
+    ("max_normalized_sum", {"R": 5, "N": 90}, {"x": 1}, [0, 40, 90]),
+], ids=["decode", "row-statistic"])
+def test_partials_of_shards_combine_to_the_whole(spec_name, sizes, axis_of, cuts):
+    """In one process, on the test device: forward_partials on consecutive shards of the split axis (one empty),
+    joined along the chunk axis, then combine, gives forward's result on the whole."""
+    from conftest import DEVICE, on_device
+    from neptune_eqsat.runtime.loader import load_module
+    spec = load_spec(SPECS / f"{spec_name}.py")
+    mod = load_module(optimize(spec, plan="split").source, f"halves_{spec_name}")
+    inputs = random_inputs(spec, sizes, seed=5)
+    whole = on_device(mod.forward, *inputs.values())
+    parts = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        local = [x.narrow(axis_of[n], lo, hi - lo).contiguous() if n in axis_of else x for n, x in inputs.items()]
+        parts.append(mod.forward_partials(*(t.to(DEVICE) for t in local)))
+    joined = [torch.cat(p) for p in zip(*parts)]
+    out = mod.combine(*(t.to(DEVICE) for t in inputs.values()), partials=joined).cpu()
+    assert (out.double() - whole.double()).abs().max().item() <= tolerance(spec.output_dtype)
+    assert (out.double() - evaluate(spec, inputs)).abs().max().item() <= tolerance(spec.output_dtype)
