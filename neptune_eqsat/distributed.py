@@ -52,18 +52,59 @@ def sharded_forward(module: ModuleType, *inputs: torch.Tensor, sizes: dict[str, 
 
 
 class _Shifted:
-    """score_mod and mask_mod called with the key's global position: kv_idx plus this rank's offset, a captured
-    tensor (one compiled kernel for every rank and shard length; filled before each call)."""
+    """score_mod and mask_mod called with global positions: q_idx and kv_idx plus the offsets of this rank's
+    query rows and of the keys at hand, captured tensors (one compiled kernel for every rank and shard; filled
+    before each call)."""
 
     def __init__(self, score_mod, mask_mod, device: torch.device):
-        self.offset = torch.zeros(1, dtype=torch.int32, device=device)
-        off = self.offset
-        self.score = None if score_mod is None else (lambda s, b, h, q, k: score_mod(s, b, h, q, k + off[0]))
-        self.mask = None if mask_mod is None else (lambda b, h, q, k: mask_mod(b, h, q, k + off[0]))
+        self.q_offset = torch.zeros(1, dtype=torch.int32, device=device)
+        self.kv_offset = torch.zeros(1, dtype=torch.int32, device=device)
+        qo, ko = self.q_offset, self.kv_offset
+        self.score = None if score_mod is None else (lambda s, b, h, q, k: score_mod(s, b, h, q + qo[0], k + ko[0]))
+        self.mask = None if mask_mod is None else (lambda b, h, q, k: mask_mod(b, h, q + qo[0], k + ko[0]))
 
 
 _SHIFTED: dict[tuple, tuple] = {}   # (callables, device) -> (weak refs to them, _Shifted)
-_TRACED: dict[tuple, tuple] = {}    # (callables, device, problem) -> (spec, captures, compiled)
+_TRACED: dict[tuple, tuple] = {}    # (callables, device, problem) -> (_Shifted, captures, compiled)
+
+
+def _split_plan(query, key, value, score_mod, mask_mod, scale, enable_gqa):
+    """(offsets to fill, the captured tensors, the flex _Compiled of the split plan) for these callables and this
+    problem, traced and compiled once. Fill the offsets before converting the captures to kernel inputs
+    (_inputs): an integer tensor reaches the kernel as a converted copy."""
+    from neptune_eqsat import flex
+    from neptune_eqsat.compiled import compiled_module
+    from neptune_eqsat.frontend.flex_trace import trace
+
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        raise NotImplementedError("attention across ranks has no backward pass yet: call it under torch.no_grad() "
+                                  "or with tensors that do not require grad")
+    memo = (id(score_mod), id(mask_mod), key.device)
+    hit = _SHIFTED.get(memo)
+    if hit is None or hit[0][0]() is not score_mod or hit[0][1]() is not mask_mod:
+        hit = _SHIFTED[memo] = ((flex._ref(score_mod), flex._ref(mask_mod)), _Shifted(score_mod, mask_mod, key.device))
+    shifted = hit[1]
+    problem = flex._problem(query, key, value, None if scale is None else float(scale), bool(enable_gqa))
+    traced = _TRACED.get(memo + (problem,))
+    if traced is None or traced[0] is not shifted:
+        spec, captures = trace(shifted.score, shifted.mask, problem)
+        module = compiled_module(flex.plan_key(spec, problem), spec, interpret=query.device.type == "cpu",
+                                 plan="split")
+        traced = _TRACED[memo + (problem,)] = (shifted, captures, flex._Compiled(module, spec))
+    _, captures, compiled = traced
+    return shifted, captures, compiled
+
+
+def _inputs(captures: list[torch.Tensor], device) -> list[torch.Tensor]:
+    from neptune_eqsat import flex
+    return [flex._as_kernel_input(c, device) for c in captures]
+
+
+def _lengths(n: int, device, group) -> list[int]:
+    """Every rank's n, in rank order."""
+    got = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(got, torch.tensor([n], device=device), group=group)
+    return [int(x.item()) for x in got]
 
 
 def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, score_mod=None,
@@ -74,32 +115,57 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
     in length, or be empty). score_mod and mask_mod see global key positions. Each rank computes its partial
     results with the split plan's kernel, the partials are gathered, and every rank gets the whole output.
     No gradient yet."""
-    from neptune_eqsat import flex
-    from neptune_eqsat.compiled import compiled_module, run_kernels
-    from neptune_eqsat.frontend.flex_trace import trace
+    from neptune_eqsat.compiled import run_kernels
 
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
-        raise NotImplementedError("context_parallel_attention has no backward pass yet: call it under "
-                                  "torch.no_grad() or with tensors that do not require grad")
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    lengths = [torch.zeros(1, dtype=torch.int64, device=key.device) for _ in range(world)]
-    dist.all_gather(lengths, torch.tensor([key.shape[2]], device=key.device), group=group)
-    lengths = [int(n.item()) for n in lengths]
-    memo = (id(score_mod), id(mask_mod), key.device)
-    hit = _SHIFTED.get(memo)
-    if hit is None or hit[0][0]() is not score_mod or hit[0][1]() is not mask_mod:
-        hit = _SHIFTED[memo] = ((flex._ref(score_mod), flex._ref(mask_mod)), _Shifted(score_mod, mask_mod, key.device))
-    shifted = hit[1]
-    shifted.offset.fill_(sum(lengths[:rank]))
-    problem = flex._problem(query, key, value, None if scale is None else float(scale), bool(enable_gqa))
-    interpret = query.device.type == "cpu"
-    traced = _TRACED.get(memo + (problem,))
-    if traced is None or traced[0] is not shifted:
-        spec, captures = trace(shifted.score, shifted.mask, problem)
-        module = compiled_module(flex.plan_key(spec, problem), spec, interpret=interpret, plan="split")
-        traced = _TRACED[memo + (problem,)] = (shifted, captures, flex._Compiled(module, spec))
-    _, captures, compiled = traced
-    captures = [flex._as_kernel_input(c, query.device) for c in captures]
+    lengths = _lengths(key.shape[2], key.device, group)
+    shifted, captures, compiled = _split_plan(query, key, value, score_mod, mask_mod, scale, enable_gqa)
+    shifted.q_offset.fill_(0)
+    shifted.kv_offset.fill_(sum(lengths[:dist.get_rank(group)]))
+    captures = _inputs(captures, query.device)
     compiled.check_indices(query, key, captures)
     return run_kernels(query.device, lambda: sharded_forward(compiled.module, query, key, value, *captures,
                                                              sizes={"S": sum(lengths)}, group=group))
+
+
+def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, score_mod=None, mask_mod=None, *,
+                   group=None, scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
+    """flex_attention with queries, keys and values all sharded along the sequence across the ranks of `group`
+    (rank order is sequence order; shards may differ in length): each rank keeps its query rows, and the key and
+    value shards travel round the ring, each sent on to the next rank while this one computes on it. Each step
+    adds its partial results (the split plan's, over the shard at hand, with score_mod and mask_mod at global
+    positions); one combine at the end repairs them all into this rank's output rows. A shard that a causal
+    mask hides from this rank's rows costs its classification only (its key blocks are all empty).
+    No gradient yet."""
+    from neptune_eqsat.compiled import run_kernels
+
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    q_lengths = _lengths(query.shape[2], query.device, group)
+    kv_lengths = _lengths(key.shape[2], key.device, group)
+    shifted, captured, compiled = _split_plan(query, key, value, score_mod, mask_mod, scale, enable_gqa)
+    shifted.q_offset.fill_(sum(q_lengths[:rank]))
+    nxt, prv = dist.get_global_rank(group, (rank + 1) % world) if group else (rank + 1) % world, \
+        dist.get_global_rank(group, (rank - 1) % world) if group else (rank - 1) % world
+    partials, held = [], (key, value)
+    for step in range(world):
+        source = (rank - step) % world   # the rank whose shard is at hand
+        pending = []
+        if step < world - 1:   # pass it on while computing on it
+            n = kv_lengths[(source - 1) % world]
+            incoming = tuple(torch.empty(x.shape[:2] + (n,) + x.shape[3:], dtype=x.dtype, device=x.device)
+                             for x in held)
+            pending = dist.batch_isend_irecv([dist.P2POp(dist.isend, held[0].contiguous(), nxt, group),
+                                              dist.P2POp(dist.isend, held[1].contiguous(), nxt, group),
+                                              dist.P2POp(dist.irecv, incoming[0], prv, group),
+                                              dist.P2POp(dist.irecv, incoming[1], prv, group)])
+        shifted.kv_offset.fill_(sum(kv_lengths[:source]))
+        captures = _inputs(captured, query.device)
+        compiled.check_indices(query, held[0], captures)
+        partials.append(run_kernels(query.device, lambda: compiled.module.forward_partials(
+            query, held[0], held[1], *captures)))
+        for work in pending:
+            work.wait()
+        if pending:
+            held = incoming
+    joined = tuple(torch.cat(p) for p in zip(*partials))
+    return run_kernels(query.device, lambda: compiled.module.combine(query, key, value, *captures, partials=joined,
+                                                                     sizes={"S": sum(kv_lengths)}))
