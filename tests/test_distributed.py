@@ -250,3 +250,15 @@ def test_ring_prefill_over_a_sequence_sharded_across_ranks(tmp_path):
         out = torch.load(tmp_path / f"out.{r}")
         assert out.shape == (1, 4, hi - lo, 16)
         assert (out.double() - want[:, :, lo:hi]).abs().max().item() <= 2e-2, r
+
+
+@pytest.mark.slow
+@across_processes
+def test_the_distributed_benchmark_smoke_run_passes():
+    """bench.suite.distributed under torchrun on the CPU (two ranks, gloo, tiny shapes): its checks pass."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                           "29531", "-m", "bench.suite.distributed", "--smoke"], cwd=root, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0 and "smoke passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
