@@ -21,7 +21,6 @@ from neptune_eqsat.compiled import cache_dir, compiled_module, compiler_fingerpr
 from neptune_eqsat.frontend import bounds
 from neptune_eqsat.frontend.flex_trace import DTYPES, Problem, TraceError, index_text, problem_text, reads, trace
 from neptune_eqsat.frontend.spec import Spec
-from neptune_eqsat.training import CompiledBackward
 
 DECODE_ROWS = 16   # query lengths up to this are priced as decode (split-K), longer ones as prefill
 
@@ -86,6 +85,7 @@ class _Compiled:
 
     def backward(self, wrt: tuple[str, ...]):
         if wrt not in self.backwards:
+            from neptune_eqsat.training import CompiledBackward   # the compiler's side: only for gradients
             self.backwards[wrt] = CompiledBackward(self.spec, wrt)
         return self.backwards[wrt]
 

@@ -339,3 +339,27 @@ def test_the_cache_fills_without_importing_the_modules(tmp_path, monkeypatch):
     path = compiled.cached_source(key, spec)
     assert path.parent == tmp_path and "def forward(" in path.read_text()
     assert not any(m.startswith("neptune_flex_") for m in set(sys.modules) - before)
+
+
+def test_a_filled_kernel_cache_runs_without_the_compiler(tmp_path):
+    """A machine whose module cache another filled (the GPU side) runs flex_attention with torch and triton alone:
+    with egglog made unimportable, a call whose module is cached still runs and gives the same output."""
+    import os
+    import subprocess
+    import sys
+    code = r'''
+import sys, torch
+block = "egglog" in sys.argv
+if block:
+    sys.modules["egglog"] = None   # import egglog fails
+from neptune_eqsat import flex_attention
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(1, 2, 5, 16, generator=g).half() for _ in range(3))
+out = flex_attention(q, k, v, score_mod=lambda s, b, h, qi, ki: s * 0.5, mask_mod=lambda b, h, qi, ki: ki <= qi)
+torch.save(out, sys.argv[1])
+'''
+    env = {**os.environ, "TRITON_INTERPRET": "1", "NEPTUNE_EQSAT_CACHE": str(tmp_path / "cache")}
+    for args in ([str(tmp_path / "filled.pt")], [str(tmp_path / "cached.pt"), "egglog"]):
+        done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert torch.equal(torch.load(tmp_path / "filled.pt"), torch.load(tmp_path / "cached.pt"))
