@@ -224,12 +224,14 @@ def _iv_load(t, index, ranged):
     answered by range-minimum tables along it; with more, those dimensions are reduced whole (wider, still
     sound). The others are exact (one element) and gathered."""
     t = t.double()
+    # gathers by torch.take: indexing with a 0-d index tensor reads it on the host, which a CUDA graph capture
+    # (the block lists' build) does not allow
     if not ranged and _exact(*index):   # read at exact indices: one gather
         flat, size = 0, 1
         for d in reversed(range(t.dim())):
             flat = flat + torch.clamp(index[d][0], 0, t.shape[d] - 1).long() * size
             size *= t.shape[d]
-        v = t.reshape(-1)[flat]
+        v = torch.take(t, torch.as_tensor(flat, device=t.device))   # (a 0-d tensor: no index at all)
         return v, v
     shape = torch.broadcast_shapes(*(x.shape for pair in index for x in pair))
     lows, highs = t, t
@@ -255,8 +257,8 @@ def _iv_load(t, index, ranged):
             exact = exact & (lo == hi)
     everywhere = (t.amin(), t.amax()) if t.numel() else (t.new_full((), math.inf), t.new_full((), -math.inf))
     if table_dim is None:
-        return (torch.where(exact, lows.reshape(-1)[flat], everywhere[0]),
-                torch.where(exact, highs.reshape(-1)[flat], everywhere[1]))
+        return (torch.where(exact, torch.take(lows, flat), everywhere[0]),
+                torch.where(exact, torch.take(highs, flat), everywhere[1]))
     _, lo, hi = gathered[table_dim]
     hi = torch.maximum(hi, lo)
     level = torch.floor(torch.log2((hi - lo + 1).double())).long()
@@ -265,8 +267,8 @@ def _iv_load(t, index, ranged):
     step = strides[table_dim]
     first = flat + level * size + lo * step
     last = flat + level * size + (hi - (1 << level) + 1) * step
-    return (torch.where(exact, torch.minimum(mins.reshape(-1)[first], mins.reshape(-1)[last]), everywhere[0]),
-            torch.where(exact, torch.maximum(maxs.reshape(-1)[first], maxs.reshape(-1)[last]), everywhere[1]))
+    return (torch.where(exact, torch.minimum(torch.take(mins, first), torch.take(mins, last)), everywhere[0]),
+            torch.where(exact, torch.maximum(torch.take(maxs, first), torch.take(maxs, last)), everywhere[1]))
 
 
 def _iv_range_tables(t, dim):

@@ -148,23 +148,22 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     partials, held = [], (key, value)
     for step in range(world):
         source = (rank - step) % world   # the rank whose shard is at hand
-        pending = []
-        if step < world - 1:   # pass it on while computing on it
-            n = kv_lengths[(source - 1) % world]
-            incoming = tuple(torch.empty(x.shape[:2] + (n,) + x.shape[3:], dtype=x.dtype, device=x.device)
-                             for x in held)
-            pending = dist.batch_isend_irecv([dist.P2POp(dist.isend, held[0].contiguous(), nxt, group),
-                                              dist.P2POp(dist.isend, held[1].contiguous(), nxt, group),
-                                              dist.P2POp(dist.irecv, incoming[0], prv, group),
-                                              dist.P2POp(dist.irecv, incoming[1], prv, group)])
         shifted.kv_offset.fill_(sum(kv_lengths[:source]))
         captures = _inputs(captured, query.device)
         compiled.check_indices(query, held[0], captures)
+        # launched (asynchronously on a GPU) before the exchange is posted: building a mask's block lists may
+        # capture a CUDA graph, which no communication may run beside
         partials.append(run_kernels(query.device, lambda: compiled.module.forward_partials(
             query, held[0], held[1], *captures)))
-        for work in pending:
-            work.wait()
-        if pending:
+        if step < world - 1:   # pass the shard on while the kernels run on it
+            n = kv_lengths[(source - 1) % world]
+            incoming = tuple(torch.empty(x.shape[:2] + (n,) + x.shape[3:], dtype=x.dtype, device=x.device)
+                             for x in held)
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, held[0].contiguous(), nxt, group),
+                                                dist.P2POp(dist.isend, held[1].contiguous(), nxt, group),
+                                                dist.P2POp(dist.irecv, incoming[0], prv, group),
+                                                dist.P2POp(dist.irecv, incoming[1], prv, group)]):
+                work.wait()
             held = incoming
     joined = tuple(torch.cat(p) for p in zip(*partials))
     return run_kernels(query.device, lambda: compiled.module.combine(query, key, value, *captures, partials=joined,

@@ -188,7 +188,9 @@ def _build_table(key, build, consts, tensors):
             build(*consts, *inputs)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread-local: CUDA calls of other threads (NCCL's watchdog in a distributed job, a kernel compiling in
+        # the background) must not invalidate this capture, as they did in the default global mode
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             table = build(*consts, *inputs)
         entry = _GRAPHS[key] = (graph, inputs, table)
     graph, inputs, table = entry
