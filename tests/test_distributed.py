@@ -201,7 +201,9 @@ RING_WORKER = r'''
 import os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 import torch, torch.distributed as dist
+import neptune_eqsat.distributed as nd
 from neptune_eqsat.distributed import ring_attention
+nd.ROWS_OF_ONE_CHUNK = int(os.environ.get("ROWS_OF_ONE_CHUNK", nd.ROWS_OF_ONE_CHUNK))
 
 rank, world, store, data_file, out_file = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:]
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
@@ -224,7 +226,8 @@ dist.destroy_process_group()
 
 
 @across_processes
-def test_ring_prefill_over_a_sequence_sharded_across_ranks(tmp_path):
+@pytest.mark.parametrize("one_chunk", [False, True], ids=["plan-chunks", "one-chunk-a-step"])
+def test_ring_prefill_over_a_sequence_sharded_across_ranks(tmp_path, one_chunk):
     """Queries, keys and values of one sequence split across three ranks in uneven shards; keys and values go
     round the ring, causal mask and a distance bias at global positions; each rank's rows against float64."""
     import subprocess
@@ -236,7 +239,7 @@ def test_ring_prefill_over_a_sequence_sharded_across_ranks(tmp_path):
     bias = torch.randn(64, generator=g)
     bounds = [(0, 13), (13, 30), (30, 41)]
     torch.save({"q": q, "k": k, "v": v, "bias": bias, "bounds": bounds}, tmp_path / "data.pt")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env = {**os.environ, "TRITON_INTERPRET": "1", **({"ROWS_OF_ONE_CHUNK": "0"} if one_chunk else {})}
     procs = [subprocess.Popen([sys.executable, "-c", RING_WORKER, str(r), "3", str(tmp_path / "store"),
                                str(tmp_path / "data.pt"), str(tmp_path / "out")], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(3)]
