@@ -17,6 +17,10 @@ from types import ModuleType
 import torch
 import torch.distributed as dist
 
+from neptune_eqsat import flex
+from neptune_eqsat.compiled import compiled_module, run_kernels
+from neptune_eqsat.frontend.flex_trace import trace
+
 
 def _identity(value: str) -> float:
     return {"0.0": 0.0, "float('-inf')": float("-inf"), "float('inf')": float("inf")}[value]
@@ -72,10 +76,6 @@ def _split_plan(query, key, value, score_mod, mask_mod, scale, enable_gqa):
     """(offsets to fill, the captured tensors, the flex _Compiled of the split plan) for these callables and this
     problem, traced and compiled once. Fill the offsets before converting the captures to kernel inputs
     (_inputs): an integer tensor reaches the kernel as a converted copy."""
-    from neptune_eqsat import flex
-    from neptune_eqsat.compiled import compiled_module
-    from neptune_eqsat.frontend.flex_trace import trace
-
     if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
         raise NotImplementedError("attention across ranks has no backward pass yet: call it under torch.no_grad() "
                                   "or with tensors that do not require grad")
@@ -96,7 +96,6 @@ def _split_plan(query, key, value, score_mod, mask_mod, scale, enable_gqa):
 
 
 def _inputs(captures: list[torch.Tensor], device) -> list[torch.Tensor]:
-    from neptune_eqsat import flex
     return [flex._as_kernel_input(c, device) for c in captures]
 
 
@@ -128,8 +127,6 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
     in length, or be empty). score_mod and mask_mod see global key positions. Each rank computes its partial
     results with the split plan's kernel, the partials are gathered, and every rank gets the whole output.
     No gradient yet."""
-    from neptune_eqsat.compiled import run_kernels
-
     lengths = _lengths(key.shape[2], key.device, group)
     shifted, captures, compiled = _split_plan(query, key, value, score_mod, mask_mod, scale, enable_gqa)
     shifted.q_offset.fill_(0)
@@ -149,8 +146,6 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     positions); one combine at the end repairs them all into this rank's output rows. A shard that a causal
     mask hides from this rank's rows costs its classification only (its key blocks are all empty).
     No gradient yet."""
-    from neptune_eqsat.compiled import run_kernels
-
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     q_lengths = _lengths(query.shape[2], query.device, group)
     kv_lengths = _lengths(key.shape[2], key.device, group)
