@@ -3,6 +3,9 @@ optimized through the e-graph, compiled once and cached, run as one torch operat
 
     from neptune_eqsat import flex_attention
     out = flex_attention(q, k, v, score_mod=lambda s, b, h, qi, ki: s + bias[h], mask_mod=causal)
+
+The compiler is imported on a miss of the module cache, and the backward's machinery when a gradient is first
+asked for: a machine whose cache another filled runs the forward with torch and triton alone.
 """
 from __future__ import annotations
 
