@@ -3,6 +3,7 @@ interpreter), each with a shard of the split axis, exchange their partial result
 matches the float64 evaluation of the unsharded spec on every rank, with uneven shards and a shard that holds
 no key at all."""
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -64,18 +65,22 @@ dist.destroy_process_group()
 '''
 
 
-def run_sharded(source: str, inputs: dict, axis_of: dict, bounds: list, sizes: dict, tmp: Path) -> list:
-    import subprocess
-    (tmp / "module.py").write_text(source)
-    torch.save({"inputs": inputs, "axis_of": axis_of, "bounds": bounds, "sizes": sizes}, tmp / "data.pt")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r), str(len(bounds)), str(tmp / "store"),
-                               str(tmp / "module.py"), str(tmp / "data.pt"), str(tmp / "out")], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(len(bounds))]
+def spawn(worker: str, world: int, tmp: Path, files: list[str], env: dict | None = None) -> list:
+    """Run `worker` as `world` ranks (argv: rank, world, the rendezvous file, `files`..., the output prefix) and
+    return each rank's saved output."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", **(env or {})}
+    procs = [subprocess.Popen([sys.executable, "-c", worker, str(r), str(world), str(tmp / "store"), *files,
+                               str(tmp / "out")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for r in range(world)]
     logs = [p.communicate(timeout=600)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(logs)
-    return [torch.load(tmp / f"out.{r}") for r in range(len(bounds))]
+    return [torch.load(tmp / f"out.{r}") for r in range(world)]
+
+
+def run_sharded(source: str, inputs: dict, axis_of: dict, bounds: list, sizes: dict, tmp: Path) -> list:
+    (tmp / "module.py").write_text(source)
+    torch.save({"inputs": inputs, "axis_of": axis_of, "bounds": bounds, "sizes": sizes}, tmp / "data.pt")
+    return spawn(WORKER, len(bounds), tmp, [str(tmp / "module.py"), str(tmp / "data.pt")])
 
 
 def check(spec, result, inputs, shard_axis_of, bounds, sizes, tmp):
@@ -149,7 +154,6 @@ dist.destroy_process_group()
 def test_flex_attention_over_keys_sharded_across_ranks(tmp_path):
     """FlexAttention callables over a KV cache split across three ranks (one shard empty): score_mod and
     mask_mod read global key positions; every rank gets the whole output, against float64."""
-    import subprocess
     g = torch.Generator().manual_seed(7)
     total, L = 41, 3
     q = torch.randn(1, 4, L, 16, generator=g).half()
@@ -158,19 +162,14 @@ def test_flex_attention_over_keys_sharded_across_ranks(tmp_path):
     bias = torch.randn(total, generator=g)
     bounds = [(0, 17), (17, 17), (17, 41)]
     torch.save({"q": q, "k": k, "v": v, "bias": bias, "bounds": bounds, "total": total}, tmp_path / "data.pt")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", FLEX_WORKER, str(r), "3", str(tmp_path / "store"),
-                               str(tmp_path / "data.pt"), str(tmp_path / "out")], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(3)]
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    outs = spawn(FLEX_WORKER, 3, tmp_path, [str(tmp_path / "data.pt")])
     qi, ki = torch.arange(L).view(L, 1), torch.arange(total).view(1, total)
     kk, vv = k.double().repeat_interleave(2, dim=1), v.double().repeat_interleave(2, dim=1)
     s = q.double() @ kk.transpose(-1, -2) / 4.0 + bias.double()[ki] + 0.05 * (ki - qi)
     s = s.masked_fill(~(ki <= qi + (total - L)), float("-inf"))
     want = torch.softmax(s, dim=-1) @ vv
-    for r in range(3):
-        for out in torch.load(tmp_path / f"out.{r}"):
+    for r, calls in enumerate(outs):
+        for out in calls:
             assert (out.double() - want).abs().max().item() <= 2e-2, r
 
 
@@ -230,7 +229,6 @@ dist.destroy_process_group()
 def test_ring_prefill_over_a_sequence_sharded_across_ranks(tmp_path, one_chunk):
     """Queries, keys and values of one sequence split across three ranks in uneven shards; keys and values go
     round the ring, causal mask and a distance bias at global positions; each rank's rows against float64."""
-    import subprocess
     g = torch.Generator().manual_seed(11)
     total = 41
     q = torch.randn(1, 4, total, 16, generator=g).half()
@@ -239,27 +237,20 @@ def test_ring_prefill_over_a_sequence_sharded_across_ranks(tmp_path, one_chunk):
     bias = torch.randn(64, generator=g)
     bounds = [(0, 13), (13, 30), (30, 41)]
     torch.save({"q": q, "k": k, "v": v, "bias": bias, "bounds": bounds}, tmp_path / "data.pt")
-    env = {**os.environ, "TRITON_INTERPRET": "1", **({"ROWS_OF_ONE_CHUNK": "0"} if one_chunk else {})}
-    procs = [subprocess.Popen([sys.executable, "-c", RING_WORKER, str(r), "3", str(tmp_path / "store"),
-                               str(tmp_path / "data.pt"), str(tmp_path / "out")], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(3)]
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    outs = spawn(RING_WORKER, 3, tmp_path, [str(tmp_path / "data.pt")], {"ROWS_OF_ONE_CHUNK": "0"} if one_chunk else {})
     qi, ki = torch.arange(total).view(total, 1), torch.arange(total).view(1, total)
     kk, vv = k.double().repeat_interleave(2, dim=1), v.double().repeat_interleave(2, dim=1)
     s = q.double() @ kk.transpose(-1, -2) / 4.0 + bias.double()[(qi - ki).clamp(0, 63)]
     want = torch.softmax(s.masked_fill(ki > qi, float("-inf")), dim=-1) @ vv
-    for r, (lo, hi) in enumerate(bounds):
-        out = torch.load(tmp_path / f"out.{r}")
+    for out, (lo, hi) in zip(outs, bounds):
         assert out.shape == (1, 4, hi - lo, 16)
-        assert (out.double() - want[:, :, lo:hi]).abs().max().item() <= 2e-2, r
+        assert (out.double() - want[:, :, lo:hi]).abs().max().item() <= 2e-2, lo
 
 
 @pytest.mark.slow
 @across_processes
 def test_the_distributed_benchmark_smoke_run_passes():
     """bench.suite.distributed under torchrun on the CPU (two ranks, gloo, tiny shapes): its checks pass."""
-    import subprocess
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                            "29531", "-m", "bench.suite.distributed", "--smoke"], cwd=root, capture_output=True,
