@@ -363,3 +363,18 @@ torch.save(out, sys.argv[1])
         done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-3000:]
     assert torch.equal(torch.load(tmp_path / "filled.pt"), torch.load(tmp_path / "cached.pt"))
+
+
+def test_a_mask_reading_a_captured_tensor_at_a_constant_index_on_the_test_device():
+    """`kv_idx <= q_idx + offset[0]`: its block lists gather the captured tensor at a constant index (on a GPU
+    inside a CUDA graph capture, where the same build failed in a process running NCCL before its gathers used
+    torch.take); the output matches float64."""
+    from conftest import DEVICE
+    offset = torch.tensor([3, 9])
+    q, k, v = inputs(1, 2, 2, 37, 45, 16, seed=4)
+
+    def shifted(b, h, qi, ki):
+        return ki <= qi + offset[0]
+    out = flex_attention(*(x.to(DEVICE) for x in (q, k, v)), mask_mod=shifted)
+    ref = reference(q, k, v, mask_mod=shifted)
+    assert (out.cpu().double() - ref).abs().max().item() <= 2e-2
