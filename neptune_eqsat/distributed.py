@@ -56,33 +56,41 @@ def sharded_forward(module: ModuleType, *inputs: torch.Tensor, sizes: dict[str, 
 
 
 class _Shifted:
-    """score_mod and mask_mod called with global positions: q_idx and kv_idx plus the offsets of this rank's
-    query rows and of the keys at hand, captured tensors (one compiled kernel for every rank and shard; filled
-    before each call)."""
+    """score_mod and mask_mod called with global positions, read from captured tensors (one compiled kernel for
+    every rank and step; filled before each call): q_idx and kv_idx plus offsets (contiguous shards), or, given
+    the shards' length, the positions of each query row and key (any layout, such as zig-zag shards)."""
 
-    def __init__(self, score_mod, mask_mod, device: torch.device):
-        self.q_offset = torch.zeros(1, dtype=torch.int32, device=device)
-        self.kv_offset = torch.zeros(1, dtype=torch.int32, device=device)
-        qo, ko = self.q_offset, self.kv_offset
-        self.score = None if score_mod is None else (lambda s, b, h, q, k: score_mod(s, b, h, q + qo[0], k + ko[0]))
-        self.mask = None if mask_mod is None else (lambda b, h, q, k: mask_mod(b, h, q + qo[0], k + ko[0]))
+    def __init__(self, score_mod, mask_mod, device: torch.device, length: int | None = None):
+        if length is None:
+            self.q_offset = torch.zeros(1, dtype=torch.int32, device=device)
+            self.kv_offset = torch.zeros(1, dtype=torch.int32, device=device)
+            qo, ko = self.q_offset, self.kv_offset
+            q_at, k_at = (lambda q: q + qo[0]), (lambda k: k + ko[0])
+        else:
+            self.q_positions = torch.zeros(length, dtype=torch.int32, device=device)
+            self.kv_positions = torch.zeros(length, dtype=torch.int32, device=device)
+            qp, kp = self.q_positions, self.kv_positions
+            q_at, k_at = (lambda q: qp[q]), (lambda k: kp[k])
+        self.score = None if score_mod is None else (lambda s, b, h, q, k: score_mod(s, b, h, q_at(q), k_at(k)))
+        self.mask = None if mask_mod is None else (lambda b, h, q, k: mask_mod(b, h, q_at(q), k_at(k)))
 
 
 _SHIFTED: dict[tuple, tuple] = {}   # (callables, device) -> (weak refs to them, _Shifted)
 _TRACED: dict[tuple, tuple] = {}    # (callables, device, problem) -> (_Shifted, captures, compiled)
 
 
-def _split_plan(query, key, value, score_mod, mask_mod, scale, enable_gqa):
+def _split_plan(query, key, value, score_mod, mask_mod, scale, enable_gqa, length: int | None = None):
     """(offsets to fill, the captured tensors, the flex _Compiled of the split plan) for these callables and this
     problem, traced and compiled once. Fill the offsets before converting the captures to kernel inputs
     (_inputs): an integer tensor reaches the kernel as a converted copy."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
         raise NotImplementedError("attention across ranks has no backward pass yet: call it under torch.no_grad() "
                                   "or with tensors that do not require grad")
-    memo = (id(score_mod), id(mask_mod), key.device)
+    memo = (id(score_mod), id(mask_mod), key.device, length)
     hit = _SHIFTED.get(memo)
     if hit is None or hit[0][0]() is not score_mod or hit[0][1]() is not mask_mod:
-        hit = _SHIFTED[memo] = ((flex._ref(score_mod), flex._ref(mask_mod)), _Shifted(score_mod, mask_mod, key.device))
+        hit = _SHIFTED[memo] = ((flex._ref(score_mod), flex._ref(mask_mod)),
+                                _Shifted(score_mod, mask_mod, key.device, length))
     shifted = hit[1]
     problem = flex._problem(query, key, value, None if scale is None else float(scale), bool(enable_gqa))
     traced = _TRACED.get(memo + (problem,))
@@ -138,40 +146,58 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
 
 
 def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, score_mod=None, mask_mod=None, *,
-                   group=None, scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
-    """flex_attention with queries, keys and values all sharded along the sequence across the ranks of `group`
-    (rank order is sequence order; shards may differ in length): each rank keeps its query rows, and the key and
-    value shards travel round the ring, each sent on to the next rank while this one computes on it. Each step
-    adds its partial results (the split plan's, over the shard at hand, with score_mod and mask_mod at global
-    positions); one combine at the end repairs them all into this rank's output rows. A shard that a causal
-    mask hides from this rank's rows costs its classification only (its key blocks are all empty).
-    No gradient yet."""
+                   group=None, scale: float | None = None, enable_gqa: bool = False,
+                   positions: torch.Tensor | None = None) -> torch.Tensor:
+    """flex_attention with queries, keys and values all sharded along the sequence across the ranks of `group`:
+    each rank keeps its query rows, and the key and value shards travel round the ring, each sent on to the next
+    rank while this one computes on it. Each step adds its partial results (the split plan's, over the shard at
+    hand, with score_mod and mask_mod at global positions); one combine at the end repairs them all into this
+    rank's output rows. A shard that a causal mask hides from this rank's rows costs its classification only
+    (its key blocks are all empty).
+
+    Shards are contiguous in rank order (and may differ in length), unless `positions` gives this rank's
+    sequence positions (of its query rows, which are also those of its keys and values; every rank's shard of
+    the same length): zig-zag shards, say (rank r holding chunks r and 2W - 1 - r of 2W), which even out a
+    causal mask's work across ranks. No gradient yet."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     q_lengths = _lengths(query.shape[2], query.device, group)
     kv_lengths = _lengths(key.shape[2], key.device, group)
-    shifted, captured, compiled = _split_plan(query, key, value, score_mod, mask_mod, scale, enable_gqa)
-    shifted.q_offset.fill_(sum(q_lengths[:rank]))
+    if positions is not None:
+        if len(set(q_lengths + kv_lengths)) != 1 or positions.shape != (query.shape[2],):
+            raise ValueError("ring_attention with positions needs shards of one length on every rank and one "
+                             f"position per row: rows {q_lengths}, keys {kv_lengths}, positions "
+                             f"{tuple(positions.shape)}")
+    shifted, captured, compiled = _split_plan(query, key, value, score_mod, mask_mod, scale, enable_gqa,
+                                              None if positions is None else query.shape[2])
+    if positions is None:
+        shifted.q_offset.fill_(sum(q_lengths[:rank]))
+    else:
+        shifted.q_positions.copy_(positions)
     config = _many_rows_config(compiled.module.CONFIG) if query.shape[2] > ROWS_OF_ONE_CHUNK else None
     nxt, prv = dist.get_global_rank(group, (rank + 1) % world) if group else (rank + 1) % world, \
         dist.get_global_rank(group, (rank - 1) % world) if group else (rank - 1) % world
-    partials, held = [], (key, value)
+    partials = []
+    held = (key, value) if positions is None else \
+        (key, value, positions.to(device=key.device, dtype=torch.int32).reshape(1, 1, -1, 1))
     for step in range(world):
         source = (rank - step) % world   # the rank whose shard is at hand
-        shifted.kv_offset.fill_(sum(kv_lengths[:source]))
+        if positions is None:
+            shifted.kv_offset.fill_(sum(kv_lengths[:source]))
+        else:
+            shifted.kv_positions.copy_(held[2].reshape(-1))
         captures = _inputs(captured, query.device)
         compiled.check_indices(query, held[0], captures)
         # launched (asynchronously on a GPU) before the exchange is posted: building a mask's block lists may
         # capture a CUDA graph, which no communication may run beside
         partials.append(run_kernels(query.device, lambda: compiled.module.forward_partials(
             query, held[0], held[1], *captures, config=config)))
-        if step < world - 1:   # pass the shard on while the kernels run on it
+        if step < world - 1:   # pass the shard (and its positions) on while the kernels run on it
             n = kv_lengths[(source - 1) % world]
             incoming = tuple(torch.empty(x.shape[:2] + (n,) + x.shape[3:], dtype=x.dtype, device=x.device)
                              for x in held)
-            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, held[0].contiguous(), nxt, group),
-                                                dist.P2POp(dist.isend, held[1].contiguous(), nxt, group),
-                                                dist.P2POp(dist.irecv, incoming[0], prv, group),
-                                                dist.P2POp(dist.irecv, incoming[1], prv, group)]):
+            ops = [dist.P2POp(dist.isend, x.contiguous(), nxt, group) for x in held]
+            ops += [dist.P2POp(dist.irecv, x, prv, group) for x in incoming]
+            for work in dist.batch_isend_irecv(ops):
                 work.wait()
             held = incoming
     joined = tuple(torch.cat(p) for p in zip(*partials))

@@ -215,36 +215,43 @@ def score_mod(s, b, h, qi, ki):          # a bias per (query, key) distance, rea
 def causal(b, h, qi, ki):
     return ki <= qi
 
-lo, hi = bounds[rank]
-shard = lambda x: x[:, :, lo:hi].contiguous()
+rows = torch.tensor(bounds[rank]) if data["zigzag"] else torch.arange(*bounds[rank])
+shard = lambda x: x[:, :, rows].contiguous()
 with torch.no_grad():
-    out = ring_attention(shard(q), shard(k), shard(v), score_mod, causal, enable_gqa=True)
+    out = ring_attention(shard(q), shard(k), shard(v), score_mod, causal, enable_gqa=True,
+                         positions=rows if data["zigzag"] else None)
 torch.save(out, f"{out_file}.{rank}")
 dist.destroy_process_group()
 '''
 
 
 @across_processes
-@pytest.mark.parametrize("one_chunk", [False, True], ids=["plan-chunks", "one-chunk-a-step"])
-def test_ring_prefill_over_a_sequence_sharded_across_ranks(tmp_path, one_chunk):
-    """Queries, keys and values of one sequence split across three ranks in uneven shards; keys and values go
-    round the ring, causal mask and a distance bias at global positions; each rank's rows against float64."""
+@pytest.mark.parametrize("layout", ["uneven", "uneven-one-chunk-a-step", "zigzag"])
+def test_ring_prefill_over_a_sequence_sharded_across_ranks(tmp_path, layout):
+    """Queries, keys and values of one sequence split across three ranks (uneven contiguous shards, or zig-zag
+    shards of one length given by their positions); keys and values go round the ring, a causal mask and a
+    distance bias at global positions; each rank's rows against float64."""
     g = torch.Generator().manual_seed(11)
-    total = 41
+    total = 42
     q = torch.randn(1, 4, total, 16, generator=g).half()
     k = torch.randn(1, 2, total, 16, generator=g).half()
     v = torch.randn(1, 2, total, 16, generator=g).half()
     bias = torch.randn(64, generator=g)
-    bounds = [(0, 13), (13, 30), (30, 41)]
-    torch.save({"q": q, "k": k, "v": v, "bias": bias, "bounds": bounds}, tmp_path / "data.pt")
-    outs = spawn(RING_WORKER, 3, tmp_path, [str(tmp_path / "data.pt")], {"ROWS_OF_ONE_CHUNK": "0"} if one_chunk else {})
+    zigzag = layout == "zigzag"
+    # zig-zag: 42 positions in 6 chunks of 7, rank r holding chunks r and 5 - r (one length: 14 rows each)
+    bounds = [list(range(7 * r, 7 * r + 7)) + list(range(7 * (5 - r), 7 * (6 - r))) for r in range(3)] if zigzag \
+        else [(0, 13), (13, 30), (30, 41)]
+    torch.save({"q": q, "k": k, "v": v, "bias": bias, "bounds": bounds, "zigzag": zigzag}, tmp_path / "data.pt")
+    env = {"ROWS_OF_ONE_CHUNK": "0"} if layout == "uneven-one-chunk-a-step" else {}
+    outs = spawn(RING_WORKER, 3, tmp_path, [str(tmp_path / "data.pt")], env)
     qi, ki = torch.arange(total).view(total, 1), torch.arange(total).view(1, total)
     kk, vv = k.double().repeat_interleave(2, dim=1), v.double().repeat_interleave(2, dim=1)
     s = q.double() @ kk.transpose(-1, -2) / 4.0 + bias.double()[(qi - ki).clamp(0, 63)]
     want = torch.softmax(s.masked_fill(ki > qi, float("-inf")), dim=-1) @ vv
-    for out, (lo, hi) in zip(outs, bounds):
-        assert out.shape == (1, 4, hi - lo, 16)
-        assert (out.double() - want[:, :, lo:hi]).abs().max().item() <= 2e-2, lo
+    for out, rows in zip(outs, bounds):
+        rows = rows if zigzag else list(range(*rows))
+        assert out.shape == (1, 4, len(rows), 16)
+        assert (out.double() - want[:, :, rows]).abs().max().item() <= 2e-2, rows[0]
 
 
 @pytest.mark.slow
