@@ -9,6 +9,10 @@ derived repairs that combine the chunks of one GPU, applied to the chunks of eve
 Every rank gets the whole output. Ranks whose shards have fewer chunks pad theirs with the reducers' identities
 (a chunk that holds nothing), which the repairs keep. Values that depend on the position along the split axis
 (a causal mask, a position bias) must see global positions: give each rank its offset as an input of the spec.
+
+For FlexAttention callables (score_mod and mask_mod see global positions): context_parallel_attention (decode:
+the same queries on every rank, keys and values sharded) and ring_attention (prefill: queries sharded too, the
+key and value shards passed round the ring). docs/distributed.md has the details and the limits.
 """
 from __future__ import annotations
 
