@@ -31,18 +31,23 @@ def _identity(value: str) -> float:
 
 
 def gather_partials(partials: tuple[torch.Tensor, ...], table: tuple, group=None) -> tuple[torch.Tensor, ...]:
-    """Every rank's partial results, joined along the chunk axis (the first) in rank order."""
+    """Every rank's partial results, joined along the chunk axis (the first) in rank order: each rank's padded
+    to the most chunks of any rank and packed into one buffer, so one gather carries them all."""
     world = dist.get_world_size(group)
-    counts = [torch.zeros(1, dtype=torch.int64, device=partials[0].device) for _ in range(world)]
-    dist.all_gather(counts, torch.tensor([partials[0].shape[0]], device=partials[0].device), group=group)
-    most = int(max(c.item() for c in counts))
-    joined = []
+    most = max(_lengths(partials[0].shape[0], partials[0].device, group))
+    padded = []
     for part, (_, _, identity) in zip(partials, table):
-        padded = torch.full((most,) + tuple(part.shape[1:]), _identity(identity), dtype=part.dtype, device=part.device)
-        padded[:part.shape[0]] = part
-        gathered = [torch.empty_like(padded) for _ in range(world)]
-        dist.all_gather(gathered, padded.contiguous(), group=group)
-        joined.append(torch.cat(gathered))
+        full = torch.full((most,) + tuple(part.shape[1:]), _identity(identity), dtype=part.dtype, device=part.device)
+        full[:part.shape[0]] = part
+        padded.append(full)
+    packed = torch.cat([p.reshape(-1) for p in padded])
+    gathered = [torch.empty_like(packed) for _ in range(world)]
+    dist.all_gather(gathered, packed, group=group)
+    joined, at = [], 0
+    for p in padded:
+        n = p.numel()
+        joined.append(torch.cat([g[at:at + n].view(p.shape) for g in gathered]))
+        at += n
     return tuple(joined)
 
 
@@ -125,10 +130,10 @@ def _many_rows_config(defaults: dict) -> dict:
 
 
 def _lengths(n: int, device, group) -> list[int]:
-    """Every rank's n, in rank order."""
+    """Every rank's n, in rank order (one gather, one read on the host)."""
     got = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size(group))]
     dist.all_gather(got, torch.tensor([n], device=device), group=group)
-    return [int(x.item()) for x in got]
+    return torch.cat(got).tolist()
 
 
 def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, score_mod=None,
