@@ -84,8 +84,8 @@ class _Shifted:
         self.mask = None if mask_mod is None else (lambda b, h, q, k: mask_mod(b, h, q_at(q), k_at(k)))
 
 
-_SHIFTED: dict[tuple, tuple] = {}   # (callables, device) -> (weak refs to them, _Shifted)
-_TRACED: dict[tuple, tuple] = {}    # (callables, device, problem) -> (_Shifted, captures, compiled)
+_SHIFTED: dict[tuple, tuple] = {}   # (callables, device, shard length) -> (weak refs to them, _Shifted)
+_TRACED: dict[tuple, tuple] = {}    # (callables, device, shard length, problem) -> (_Shifted, captures, compiled)
 
 
 def _split_plan(query, key, value, score_mod, mask_mod, scale, enable_gqa, length: int | None = None):
@@ -127,6 +127,11 @@ def _many_rows_config(defaults: dict) -> dict:
     config = {"CHUNKS": 1, "num_warps": 8, "num_stages": 3, "BLOCK_J": 64, "STREAM": 0}
     config.update({k: 128 for k in defaults if k.startswith("BLOCK_I")})
     return {k: v for k, v in config.items() if k in defaults}
+
+
+def _global_rank(group, rank: int) -> int:
+    """A rank of `group` as the point-to-point operations name it."""
+    return dist.get_global_rank(group, rank) if group else rank
 
 
 def _lengths(n: int, device, group) -> list[int]:
@@ -183,8 +188,7 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     else:
         shifted.q_positions.copy_(positions)
     config = _many_rows_config(compiled.module.CONFIG) if query.shape[2] > ROWS_OF_ONE_CHUNK else None
-    nxt, prv = dist.get_global_rank(group, (rank + 1) % world) if group else (rank + 1) % world, \
-        dist.get_global_rank(group, (rank - 1) % world) if group else (rank - 1) % world
+    nxt, prv = _global_rank(group, (rank + 1) % world), _global_rank(group, (rank - 1) % world)
     partials = []
     held = (key, value) if positions is None else \
         (key, value, positions.to(device=key.device, dtype=torch.int32).reshape(1, 1, -1, 1))

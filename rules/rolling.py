@@ -8,11 +8,10 @@ whose repair term is h with t = acc, r = prev_j(x) (x from the previous partial 
 factor of h is wrapped in finite_or_zero: while nothing has been accumulated (t is the identity), h keeps
 the identity whatever the factor says (proved), so an overflowing factor must not turn 0 into NaN.
 """
-from neptune_eqsat.proof.lazy import sympy as sp
 from egglog import String, rule, union, var
 
 from neptune_eqsat.ir.eterm import ETerm, deps, free
-from neptune_eqsat.proof.symbolic import REDUCER_OPS, derive_repair, symbols
+from neptune_eqsat.proof.symbolic import REDUCER_OPS, derive_repair, repair_function
 from neptune_eqsat.proof.rulebook import NumOps, Rule, close
 
 COMBINERS = ("add", "sub", "mul", "div")
@@ -62,10 +61,9 @@ def _numeric(reducer: str, combine: str):
     f, g = NumOps.REDUCE[reducer], NumOps.BIN[combine]
 
     def check(vals: list[float]) -> str | None:
-        rep = derive_repair(reducer, combine)
-        if rep.h_expr is None:
+        h = repair_function(reducer, combine)
+        if h is None:
             return "no repair term to run"
-        h = sp.lambdify(symbols(), rep.h_expr)
         us, rs = vals[:3], [x if abs(x) > 0.1 else 0.1 for x in vals[3:]]
         try:
             acc = g(us[0], rs[0])

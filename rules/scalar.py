@@ -8,7 +8,9 @@ logistic2(x) = 1 / (1 + 2^x) (one exp2 and one reciprocal, saturating to 0 or 1 
 argument's factor folds the same way, and a cap that multiplies tanh distributes over 1 - 2 logistic2. Each rule is proved; which forms win is the cost
 model's choice.
 """
+import functools
 import math
+from types import SimpleNamespace
 
 from neptune_eqsat.proof.lazy import sympy as sp
 from egglog import String, f64, rule, union, var
@@ -26,13 +28,13 @@ k, k2 = var("k", f64), var("k2", f64)
 ax = var("ax", String)
 
 
-def _symbols() -> None:
-    """The obligations' sympy symbols, made on first use as module globals (a compile that finds its verdicts
-    in the cache never imports sympy)."""
-    if "sa" not in globals():
-        names = ("sa", "sb", "sc", "sk", "sk2", "y1", "y2")
-        globals().update(zip(names, sp.symbols("a b c k k2 y1 y2", real=True)),
-                         sap=sp.Symbol("a'", real=True), kpos=sp.Symbol("k", positive=True))
+@functools.lru_cache(maxsize=None)
+def _symbols() -> SimpleNamespace:
+    """The obligations' sympy symbols, made on first use (a compile that finds its verdicts in the cache never
+    imports sympy)."""
+    a, b, c, k, k2, y1, y2 = sp.symbols("a b c k k2 y1 y2", real=True)
+    return SimpleNamespace(a=a, b=b, c=c, k=k, k2=k2, y1=y1, y2=y2, ap=sp.Symbol("a'", real=True),
+                           kpos=sp.Symbol("k", positive=True))
 
 
 def _rw(name: str, lhs, rhs, *conds):
@@ -40,10 +42,9 @@ def _rw(name: str, lhs, rhs, *conds):
 
 
 def _proved(statement: str, sides):
-    """The obligation lhs = rhs, with (lhs, rhs) = sides() built when it is proved."""
+    """The obligation lhs = rhs, with (lhs, rhs) = sides(symbols) built when it is proved."""
     def check() -> tuple[str, bool]:
-        _symbols()
-        return statement, proves(*sides())
+        return statement, proves(*sides(_symbols()))
     return check
 
 
@@ -54,10 +55,11 @@ def _sym_guard(v):
 
 def _empty_guard_obligation() -> tuple[str, bool]:
     """where(a == -inf, 0, a) * k = where(a*k == -inf, 0, a*k) for k > 0, over the reals and at a = -inf, +inf."""
-    _symbols()
+    s = _symbols()
+
     def guarded(v, scale_inside: bool):
-        return _sym_guard(v * kpos) if scale_inside else _sym_guard(v) * kpos
-    finite = proves(guarded(sa, False), guarded(sa, True))
+        return _sym_guard(v * s.kpos) if scale_inside else _sym_guard(v) * s.kpos
+    finite = proves(guarded(s.a, False), guarded(s.a, True))
     infinite = all(sp.simplify(guarded(v, False)) == sp.simplify(guarded(v, True)) for v in (-sp.oo, sp.oo))
     return "where(a == -inf, 0, a)*k = where(a*k == -inf, 0, a*k), k > 0, a real or +-inf", finite and infinite
 
@@ -65,8 +67,8 @@ def _empty_guard_obligation() -> tuple[str, bool]:
 def _partial_max_guard_obligation() -> tuple[str, bool]:
     """x - max_j x = x - where(max_j x == -inf, 0, max_j x): equal for a finite max; where the max is -inf every
     x is -inf, and the written form is undefined (-inf - -inf) while the guarded one is -inf (exp of it 0)."""
-    _symbols()
-    finite = proves(sa - sb, sa - _sym_guard(sb))
+    s = _symbols()
+    finite = proves(s.a - s.b, s.a - _sym_guard(s.b))
     empty = (-sp.oo - (-sp.oo)) is sp.nan and sp.simplify(-sp.oo - _sym_guard(-sp.oo)) == -sp.oo
     return ("x - m = x - where(m == -inf, 0, m) for m = max_j x finite; at m = -inf (every x -inf) the left "
             "side is undefined and the right -inf"), bool(finite and empty)
@@ -94,41 +96,43 @@ def guard(v):
 RULES = [
     Rule("exp-as-exp2", F, "exp(a) = exp2(a * log2 e): the hardware exponential is base 2",
          _rw("exp-as-exp2", ETerm.un("exp", a), ETerm.un("exp2", ETerm.bin("mul", a, C(LOG2E)))),
-         _proved("exp(a) = 2**(a / log(2))", lambda: (sp.exp(sa), 2 ** (sa / sp.log(2))))),
+         _proved("exp(a) = 2**(a / log(2))", lambda s: (sp.exp(s.a), 2 ** (s.a / sp.log(2))))),
     Rule("guarded-exp-as-exp2", F, "exp_or_zero(a) = exp2_or_zero(a * log2 e)",
          _rw("guarded-exp-as-exp2", ETerm.un("exp_or_zero", a),
              ETerm.un("exp2_or_zero", ETerm.bin("mul", a, C(LOG2E)))),
-         _proved("exp(a) = 2**(a / log(2)) (overflow to 0 alike)", lambda: (sp.exp(sa), 2 ** (sa / sp.log(2))))),
+         _proved("exp(a) = 2**(a / log(2)) (overflow to 0 alike)", lambda s: (sp.exp(s.a), 2 ** (s.a / sp.log(2))))),
     Rule("fold-constant-factors", F, "(a * k) * k2 = a * (k*k2)",
          _rw("fold-constant-factors", ETerm.bin("mul", ETerm.bin("mul", a, C(k)), C(k2)),
              ETerm.bin("mul", a, C(k * k2))),
-         _proved("(a*k)*k2 = a*(k*k2)", lambda: ((sa * sk) * sk2, sa * (sk * sk2)))),
+         _proved("(a*k)*k2 = a*(k*k2)", lambda s: ((s.a * s.k) * s.k2, s.a * (s.k * s.k2)))),
     Rule("constant-product", F, "k * k2 = (k*k2): constants multiply before the kernel runs",
          _rw("constant-product", ETerm.bin("mul", C(k), C(k2)), C(k * k2)),
          _proved("k*k2 = (k*k2), one constant computed (in f64) when the rule fires",
-                 lambda: (sk * sk2, sp.Mul(sk, sk2)))),
+                 lambda s: (s.k * s.k2, sp.Mul(s.k, s.k2)))),
     Rule("tanh-as-logistic2", F, "tanh(a) = 1 - 2 logistic2(a * 2 log2 e): one exp2 and a reciprocal, and the "
          "factor folds into the score's scale",
          _rw("tanh-as-logistic2", ETerm.un("tanh", a), _tanh_as_logistic2(EggOps(), a)),
          _proved("tanh(a) = 1 - 2/(1 + 2**(2a / log(2)))",
-                 lambda: (sp.tanh(sa), 1 - 2 / (1 + 2 ** (2 * sa / sp.log(2))))),
+                 lambda s: (sp.tanh(s.a), 1 - 2 / (1 + 2 ** (2 * s.a / sp.log(2))))),
          evaluate_both(lambda o, a: o.un("tanh", a), _tanh_as_logistic2), 1),
     Rule("logistic2-of-exp2", F, "a / (1 + exp2(b)) = a * logistic2(b): the logistic function (sigmoid) "
          "without an exp2 that may overflow",
          _rw("logistic2-of-exp2", _over_one_plus_exp2(EggOps(), a, b), _times_logistic2(EggOps(), a, b)),
-         _proved("a/(1 + 2**b) = a * logistic2(b)", lambda: (sa / (1 + 2 ** sb), sa * SymOps().un("logistic2", sb))),
+         _proved("a/(1 + 2**b) = a * logistic2(b)",
+                 lambda s: (s.a / (1 + 2 ** s.b), s.a * SymOps().un("logistic2", s.b))),
          evaluate_both(_over_one_plus_exp2, _times_logistic2), 2),
     Rule("times-one", F, "1 * a = a", _rw("times-one", ETerm.bin("mul", C(1.0), a), a),
-         _proved("1*a = a", lambda: (1 * sa, sa))),
+         _proved("1*a = a", lambda s: (1 * s.a, s.a))),
     Rule("constant-over-difference", F, "(a - b) * k = a*k - b*k",
          _rw("constant-over-difference", ETerm.bin("mul", ETerm.bin("sub", a, b), C(k)),
              ETerm.bin("sub", ETerm.bin("mul", a, C(k)), ETerm.bin("mul", b, C(k)))),
-         _proved("(a - b)*k = a*k - b*k", lambda: ((sa - sb) * sk, sa * sk - sb * sk))),
+         _proved("(a - b)*k = a*k - b*k", lambda s: ((s.a - s.b) * s.k, s.a * s.k - s.b * s.k))),
     Rule("constant-into-mask", F, "where(p, a, k2) * k = where(p, a*k, k2*k): a masked value scales with it",
          _rw("constant-into-mask", ETerm.bin("mul", ETerm.where(p, a, C(k2)), C(k)),
              ETerm.where(p, ETerm.bin("mul", a, C(k)), C(k2 * k))),
-         _proved("where(c, a, k2)*k = where(c, a*k, k2*k)", lambda: (sp.Piecewise((sa, sp.Ne(sc, 0)), (sk2, True)) * sk,
-                 sp.Piecewise((sa * sk, sp.Ne(sc, 0)), (sk2 * sk, True))))),
+         _proved("where(c, a, k2)*k = where(c, a*k, k2*k)",
+                 lambda s: (sp.Piecewise((s.a, sp.Ne(s.c, 0)), (s.k2, True)) * s.k,
+                            sp.Piecewise((s.a * s.k, sp.Ne(s.c, 0)), (s.k2 * s.k, True))))),
     Rule("constant-into-empty-guard", F, "where(a == -inf, 0, a) * k = where(a*k == -inf, 0, a*k) for k > 0",
          _rw("constant-into-empty-guard", ETerm.bin("mul", guard(a), C(k)), guard(ETerm.bin("mul", a, C(k))),
              k > f64(0.0)),
@@ -143,11 +147,11 @@ RULES = [
          _rw("max-push-positive-constant", ETerm.bin("mul", ETerm.red("max", ax, x), C(k)),
              ETerm.red("max", ax, ETerm.bin("mul", x, C(k))), k > f64(0.0)),
          _proved("max(y1, y2)*k = max(y1*k, y2*k), k > 0",
-                 lambda: (sp.Max(y1, y2) * kpos, sp.Max(y1 * kpos, y2 * kpos)))),
+                 lambda s: (sp.Max(s.y1, s.y2) * s.kpos, sp.Max(s.y1 * s.kpos, s.y2 * s.kpos)))),
     Rule("prev-of-scaled", F, "prev_j(a) * k = prev_j(a * k)",
          _rw("prev-of-scaled", ETerm.bin("mul", ETerm.prev(ax, a), C(k)), ETerm.prev(ax, ETerm.bin("mul", a, C(k)))),
          _proved("prev_j(a)*k = prev_j(a*k): prev_j reads each running value as the block began (a -> a'), k "
-                 "reads none", lambda: (sap * sk, (sa * sk).subs(sa, sap)))),
+                 "reads none", lambda s: (s.ap * s.k, (s.a * s.k).subs(s.a, s.ap)))),
 ]
 
 scalar = make_ruleset("scalar", RULES)

@@ -18,7 +18,8 @@ from neptune_eqsat.proof.lazy import sympy as sp
 from egglog import String, eq, rule, union, var
 
 from neptune_eqsat.ir.eterm import ETerm, deps
-from neptune_eqsat.proof.symbolic import IDENTITY, REDUCER_OPS, SymOps, derive_repair, proves, simplifies_to, symbols
+from neptune_eqsat.proof.symbolic import (IDENTITY, REDUCER_OPS, SymOps, derive_repair, proves, repair_function,
+                                          simplifies_to, symbols)
 from neptune_eqsat.proof.rulebook import NumOps, Rule, close
 
 from .rolling import repair_term
@@ -79,8 +80,9 @@ def _retag_numeric(reducer: str, combine: str):
     f, g = NumOps.REDUCE[reducer], NumOps.BIN[combine]
 
     def check(vals: list[float]) -> str | None:
-        rep = derive_repair(reducer, combine)
-        h = sp.lambdify(symbols(), rep.h_expr)
+        h = repair_function(reducer, combine)
+        if h is None:
+            return "no repair term to run"
         us = vals[:4]
         r1, r2, r = (x if abs(x) > 0.1 else 0.1 for x in vals[4:])
         try:

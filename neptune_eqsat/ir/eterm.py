@@ -6,8 +6,7 @@ free axes are set from Python when the term is added.
 # mypy: disable-error-code="empty-body"
 from __future__ import annotations
 
-from egglog import (EGraph, Expr, Set, String, StringLike, f64Like, function, get_callable_args, get_callable_fn,
-                    get_literal_value, i64, set_)
+from egglog import EGraph, Expr, Set, String, StringLike, f64Like, function, i64, set_
 
 from neptune_eqsat import ir
 from neptune_eqsat.ir import Term
@@ -78,8 +77,13 @@ def whole_count(e: ETerm) -> i64:
     mean only once the row is done; read by the cost model."""
 
 
+def load_key(index: tuple[Term, ...]) -> str:
+    """A read's index as the e-graph keeps it (a string literal of the load e-node)."""
+    return ", ".join(ir.show(a) for a in index)
+
+
 class Mirror:
-    """Converts IR terms to e-graph terms and back; remembers load indices."""
+    """Converts IR terms to e-graph terms (plan/snapshot.py reads them back); remembers load indices."""
 
     def __init__(self) -> None:
         self.loads: dict[tuple[str, str], tuple[Term, ...]] = {}
@@ -93,7 +97,7 @@ class Mirror:
                 return memo[x]
             op, at = x.op, x.attrs
             if op == "load":
-                key = ", ".join(ir.show(a) for a in x.args)
+                key = load_key(x.args)
                 self.loads[(at[0], key)] = x.args
                 y = ETerm.load(at[0], key)
                 axes = sorted(x.free)
@@ -112,31 +116,6 @@ class Mirror:
             return y
 
         return go(t)
-
-    def from_egg(self, e) -> Term:
-        memo: dict = {}
-
-        def go(x) -> Term:
-            key = x.__egg_typed_expr__   # structural, unlike str(x), which pretty-prints the whole term
-            if key in memo:
-                return memo[key]
-            name = str(get_callable_fn(x)).split(".")[-1]
-            args = get_callable_args(x)
-            lits = [get_literal_value(a) for a in args]
-            if name == "load":
-                y = Term("load", (lits[0],), self.loads[(lits[0], lits[1])])
-            elif name in ("axis", "dim", "const"):
-                y = Term(name, (lits[0],))
-            elif name == "acc":
-                y = ir.ACC
-            else:
-                nattr = {"un": 1, "bin": 1, "where": 0, "cast": 1, "red": 2, "roll": 2, "split": 3,
-                         "prev": 1}[name]
-                y = Term(name, tuple(lits[:nattr]), tuple(go(a) for a in args[nattr:]))
-            memo[key] = y
-            return y
-
-        return go(e)
 
 
 def egraph_size(eg: EGraph) -> int:

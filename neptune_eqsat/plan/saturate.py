@@ -77,6 +77,7 @@ class Saturation:
         rounds = f"{self.rounds} round{'s' if self.rounds != 1 else ''}"
         return f"{self.nodes} e-nodes after {self.steps} steps in {rounds}, {self.seconds:.2f} s; stopped: {self.stop}"
 
+
 class _Base:
     """One e-graph, on the main thread, with every rule family declared and no terms, reused by each
     saturation there (pushed before, popped by Saturation.release). Declaring the rules to a new e-graph took
@@ -120,7 +121,6 @@ def _round(chosen: list[str], scheduler):
     """One round: the analyses to a fixpoint, then one step of every family in turn (analyses between the
     families too made the soft-capped specs' saturation a third slower, for the same plans)."""
     return seq(analysis.saturate(), *(run(FAMILIES[f][0], scheduler=scheduler) for f in chosen))
-
 
 
 def _fingerprint(eg: EGraph) -> int:

@@ -16,7 +16,7 @@ from egglog import EGraph
 
 from neptune_eqsat import ir
 from neptune_eqsat.ir import Term
-from neptune_eqsat.ir.eterm import Mirror
+from neptune_eqsat.ir.eterm import Mirror, load_key
 
 # constructor -> how many of its leading arguments are literals (names, numbers); the rest are e-classes
 LITERALS = {"axis": 1, "dim": 1, "const": 1, "load": 2, "un": 1, "bin": 1, "where": 0, "cast": 1, "red": 2,
@@ -97,7 +97,7 @@ def written(snap: Snapshot, term: Term) -> set[ENode]:
         if t in memo:
             return memo[t]
         if t.op == "load":
-            n = ENode("load", (t.attrs[0], ", ".join(ir.show(a) for a in t.args)), ())
+            n = ENode("load", (t.attrs[0], load_key(t.args)), ())
         else:
             kids = tuple(go(a) for a in t.args)
             n = ENode(t.op, tuple(t.attrs[:LITERALS[t.op]]), kids) if None not in kids else None

@@ -105,17 +105,19 @@ def symbols():
     return sp.symbols("t r r'", real=True)
 
 
-def __getattr__(name: str):   # T, R, RP, made on first use
-    if name in ("T", "R", "RP"):
-        return symbols()[("T", "R", "RP").index(name)]
-    raise AttributeError(name)
-
-
 @lru_cache(maxsize=None)
 def derive_repair(reducer: str, combine: str) -> Repair:
     """The repair of a rolling update (see _derive_repair), kept on disk between runs (verdicts.py)."""
     return Repair(**verdicts.recall("repair", f"{reducer}|{combine}",
                                     lambda: vars(_derive_repair(reducer, combine))))
+
+
+@lru_cache(maxsize=None)
+def repair_function(reducer: str, combine: str):
+    """h(t, r, r') of derive_repair as a function of floats (the rules' numeric checks), or None where there is
+    no h; made once, not for every value checked."""
+    rep = derive_repair(reducer, combine)
+    return None if rep.h_text is None else sp.lambdify(symbols(), rep.h_expr)
 
 
 def repair_tree(e) -> list:
