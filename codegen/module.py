@@ -4,6 +4,7 @@ The module imports only torch, triton and the standard library.
 """
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -71,6 +72,9 @@ INPUTS = {inputs_table!r}
 # The sizes Triton specializes the kernels on (1, a multiple of 16, or neither): a first call compiles, in the
 # background, the kernels of these lengths' other class too (runtime/ahead.py).
 LENGTHS = {lengths!r}
+# A first call's tunables over CONFIG (runtime/ahead.py): kernels that compile fast and serve every length run
+# while the tuned ones compile in the background.
+QUICK = {quick!r}
 
 
 {kernels}
@@ -78,6 +82,7 @@ LENGTHS = {lengths!r}
 {runtime}
 
 {helpers}
+{any_length}
 def _tuned_config(gpu_name, shape_bucket):
     """The tunables measured best on this GPU for this shape bucket, else those measured on TUNED_FOR."""
     return _measured_config(TUNED, TUNED_FOR, gpu_name, shape_bucket)
@@ -87,15 +92,15 @@ def forward({args}, *, config=None):
     """{doc}"""
     if isinstance({first}, torch.Tensor) and {first}.is_cuda and not _warming():   # a call like an earlier one (inputs' signature, config) replays its launches
         key = _signature({args}) if config is None else (_signature({args}), repr(config))
-        replay = _REPLAYS.get(key)
+        replay = _replay(key)
         if replay is not None:
             return replay({args})
-        _compile_ahead(forward, ({args},), config, INPUTS, LENGTHS)
+        config, stale_when = _compile_ahead(forward, ({args},), config, INPUTS, LENGTHS, QUICK)
     sizes, device, cfg, rec = _setup(INPUTS, CONFIG, INTERPRETER_CONFIG, TUNED, TUNED_FOR, ({args},), config)
 {dims}
 {launch}
     if rec is not None:
-        _REPLAYS[key] = rec.replay(device, out)
+        _REPLAYS[key] = (rec.replay(device, out), stale_when)
     return out
 {split_entry}'''
 
@@ -106,6 +111,33 @@ def _f32_dot_default(w: KernelWriter, gpu: dict, cpu: dict) -> None:
     """Matrix products of fp32 operands multiply in full fp32 unless the config asks for TF32."""
     if w.f32_dot:
         gpu["F32_DOT"] = cpu["F32_DOT"] = "ieee"
+
+
+def _length_params(w: KernelWriter, params: list[str]) -> list[str]:
+    """The parameters among a kernel's that change with a length: sizes and chunk counts, not pointers, tensor
+    descriptors or strides. Strides stay specialized: a stride divisible by 16 lets rows load in wide
+    vectors, and in the usual layouts (an inner dimension a multiple of 16) a new length keeps its class."""
+    descriptors = {param for param, _, _ in w.descriptors.values()}
+    stride = re.compile(r".+_s\d+$")
+    return [p for p in params if not (p.endswith("_ptr") or p in descriptors or stride.match(p))]
+
+
+def _any_length_source(kernels: list[tuple[str, list[str]]]) -> str:
+    """The quick tier's twins of the module's Triton kernels (name, length parameters): runtime/ahead.py."""
+    lines = ["# the Triton kernels as a first call's quick tier runs them: compiled once for every length", "_ANY_LENGTH.update({"]
+    lines += [f"    {name}: _any_length({name}, {params!r})," for name, params in kernels]
+    return "\n".join(lines + ["})", "", ""])
+
+
+def _quick_config(gpu: dict) -> dict:
+    """QUICK: what a first call changes in CONFIG to run kernels that compile fast -- one masked loop per pass,
+    a split plan's combine in its own kernel, the Triton kernel rather than the Gluon one."""
+    quick = {"ONE_LOOP": 1} if "ONE_LOOP" in gpu else {}
+    if "COMBINE" in gpu:
+        quick["COMBINE"] = {"in_kernel": 0, **({"ONE_LOOP": 1} if "ONE_LOOP" in gpu["COMBINE"] else {})}
+    if "BACKEND" in gpu:
+        quick["BACKEND"] = "triton"
+    return quick
 
 
 def _grid(w: KernelWriter, sched: Schedule, cfg: str) -> tuple[str, str]:
@@ -193,7 +225,9 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
     gpu, cpu = default_blocks(sched)
     helpers = gluon_imports = split_entry_src = ""
     if sched.split:
-        kernels, w, launch, dims_used, combine_launch = _split_parts(sched, plan.combine, name, out_alloc, gpu, cpu)
+        kernels, w, launch, dims_used, combine_launch, cw = _split_parts(sched, plan.combine, name, out_alloc, gpu,
+                                                                          cpu)
+        twins = [(f"{name}_kernel", _length_params(w, w.params)), (f"{name}_combine_kernel", _length_params(cw, cw.params))]
         # the block lists are built before the partial-results kernel launches (after the output's allocation)
         at = launch.index(out_alloc)
         launch[at + 1:at + 1] = [blocks.builder_call(t, w, "kernel_cfg") for t in w.tables.values()]
@@ -203,7 +237,10 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
     else:
         kernel, w = kernel_source(sched, name)
         kernels, dims_used = kernel, w.dims
+        twins = [(f"{name}_kernel", _length_params(w, w.params))]
         _f32_dot_default(w, gpu, cpu)
+        if w.one_loop:
+            gpu["ONE_LOOP"] = cpu["ONE_LOOP"] = 0
         if w.descriptors:
             gpu["USE_TMA"] = cpu["USE_TMA"] = 1
         rows, rest = _grid(w, sched, "cfg")
@@ -265,7 +302,8 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
         plan=textwrap.indent(plan_text, "    "), plan_one=plan_text, name=name, gpu=gpu, cpu=cpu, kernels=kernels,
         helpers=helpers, runtime=_runtime_source(), tuned=tuned_table,
         tuned_for=tuned_for,
-        gluon_imports=gluon_imports, inputs_table=inputs_table, lengths=lengths, args=", ".join(inputs), first=inputs[0], dims=dims or "    pass",
+        gluon_imports=gluon_imports, inputs_table=inputs_table, lengths=lengths, quick=_quick_config(gpu),
+        any_length=_any_length_source(twins), args=", ".join(inputs), first=inputs[0], dims=dims or "    pass",
         launch="\n".join(launch), doc=f"{spec.name}: inputs {', '.join(inputs)}; returns {spec.output_name}.",
         split_entry=split_entry_src.replace("@ARGS@", ", ".join(inputs)).replace("@DIMS@", dims or "    pass"),
     )
@@ -292,6 +330,10 @@ def _split_parts(sched: Schedule, comb: Combine, name: str, out_alloc: str, gpu:
     row, crow, chunks = f"BLOCK_{sched.row.upper()}", f"BLOCK_{comb.sched.row.upper()}", f"BLOCK_{comb.chunk_axis.upper()}"
     cgpu = {"in_kernel": 1, **COMBINE_GPU, crow: 8, chunks: 16}
     ccpu = {"in_kernel": 1, **COMBINE_CPU, crow: 2, chunks: 4}
+    if cw.one_loop:
+        cgpu["ONE_LOOP"] = ccpu["ONE_LOOP"] = 0
+    if w.one_loop:
+        gpu["ONE_LOOP"] = cpu["ONE_LOOP"] = 0
     for a in comb.sched.chunked:   # a long reduction the combine finishes (a label's logit), in its own loop
         cgpu[f"BLOCK_{a.upper()}"], ccpu[f"BLOCK_{a.upper()}"] = 64, 16
     # few query rows: the smallest tile the matrix units take; a row at a time where there is no matrix product;
@@ -343,4 +385,4 @@ def _split_parts(sched: Schedule, comb: Combine, name: str, out_alloc: str, gpu:
     crows, crest = _grid(cw, comb.sched, "combine_cfg")
     combine_launch = _launch(cw, f"{crows}, {crest}", "combine_cfg")
     dims = [d for d in dict.fromkeys(w.dims + cw.dims) if d != comb.chunk_dim]
-    return tile_src + "\n\n" + wrapper + "\n\n" + part_src, w, launch, dims, combine_launch
+    return tile_src + "\n\n" + wrapper + "\n\n" + part_src, w, launch, dims, combine_launch, cw

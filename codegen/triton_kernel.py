@@ -159,10 +159,16 @@ def triton_kernel(sched: Schedule, name: str, partials: list | None = None, *, c
                 loop_lines += header + ["    " + x for x in lines]
         else:
             bounds = pass_bounds(w, p, reds)
+            # ONE_LOOP (a first call's quick kernel): the masked body over the whole range, a third of the code
+            # for Triton to compile; else masked blocks, blocks known full (no mask), masked blocks
+            w.one_loop = True
+            loop_lines += ["if ONE_LOOP:", f"    for start in range(lo, hi, {w.block(loop)}):"]
+            loop_lines += ["        " + x for x in loops[0]]
+            loop_lines.append("else:")
             for lo, hi, lines in (("lo", "full_lo", loops[0]), ("full_lo", "full_hi", loops[1]),
                                   ("full_hi", "hi", loops[0])):
-                loop_lines.append(f"for start in range({lo}, {hi}, {w.block(loop)}):")
-                loop_lines += ["    " + x for x in lines]
+                loop_lines.append(f"    for start in range({lo}, {hi}, {w.block(loop)}):")
+                loop_lines += ["        " + x for x in lines]
         passes.append(Pass(f"# pass {p} over {loop}: " + ", ".join(ir.show(r)[:60] for r in reds),
                            w.blocks[f"pre{p}"], w.blocks[f"init{p}"], bounds, loop_lines))
         done |= set(reds)
@@ -188,6 +194,7 @@ def triton_kernel(sched: Schedule, name: str, partials: list | None = None, *, c
     w.constexprs += ["STREAM"] if w.streamed else []
     w.constexprs += ["F32_DOT"] if w.f32_dot else []
     w.constexprs += [f"EVEN_{loop.upper()}"] if even_used else []
+    w.constexprs += ["ONE_LOOP"] if w.one_loop else []
     if combine is not None:
         params += [p for p in combine.params if p not in params] + ["tickets_ptr"]
         w.constexprs += [f"COMBINE_{c}" for c in combine.constexprs] + ["COMBINE_IN_KERNEL"]

@@ -34,16 +34,24 @@ def fresh_state(monkeypatch):
     ahead.wait_for_compiles()
 
 
-def module_forward(kernels, launched):
-    """A forward shaped like a generated module's: two kernels, submitted in a warm pass, launched otherwise."""
+def request(kernel, args, tier=""):
+    """What a generated module's launch does in a warm pass: request the kernel's compile."""
+    key = (kernel, tier, *map(launch._specialization, args))
+    if not ahead._compiled(key):
+        ahead._AHEAD.needed.append((key, lambda: ahead._submit(key, args[0].device, kernel, (1,), args, {})))
+
+
+def module_forward(kernels, launched, quick_kernels=()):
+    """A forward shaped like a generated module's: its kernels (the quick tier's under a quick config)
+    requested in a warm pass, launched otherwise."""
     def forward(q, k, *, config=None):
-        for n, kernel in enumerate(kernels):
+        quick = isinstance(config, ahead._QuickConfig)
+        for n, kernel in enumerate(quick_kernels if quick else kernels):
             args = (q, k, q.shape[2])
             if ahead._warming():
-                key = (kernel, *map(launch._specialization, args))
-                ahead._AHEAD.futures.append(ahead._submit(key, q.device, kernel, (1,), args, {}))
+                request(kernel, args, "quick" if quick else "tuned")
             else:
-                launched.append(n)
+                launched.append(("quick" if quick else "tuned", n))
         return q
     return forward
 
@@ -90,7 +98,7 @@ def test_a_failing_warm_pass_is_left_to_the_call():
     def forward(*tensors, config=None):
         raise ValueError("the call reports this itself")
     q = torch.randn(1, 4, 32, 16, dtype=torch.float16)
-    assert ahead._warm_pass(forward, (q, q), None) == ([], [])
+    assert ahead._warm_pass(forward, (q, q), None) == ([], [], [])
     assert not ahead._warming()
 
 
@@ -100,12 +108,21 @@ def test_calls_take_the_triton_kernel_while_the_gluon_kernel_compiles(monkeypatc
     x = torch.randn(1, 4, 40, 16, dtype=torch.float16)
     args = (launch._descriptor(x, [1, 1, 8, 16]) or launch.TensorDescriptor(x, list(x.shape), list(x.stride()),
                                                                             [1, 1, 8, 16]), 40)
-    monkeypatch.setattr(launch, "_REPLAYS", {"recorded with the Triton kernel": None})
+    monkeypatch.setattr(launch, "_REPLAYS", {})
+
+    def forward(q, *, config=None):
+        launch._gluon_ready(kernel, args, {}, (8,), config)
+        return q
+    config, stale_when = ahead._compile_ahead(forward, (x,), None, {"q": ("float16", ("B", 4, "S", 16))}, ())
+    assert config is None and len(stale_when) == 1   # the call takes the Triton kernel, Gluon's compiles
+    launch._REPLAYS["recorded with the Triton kernel"] = ("replay", stale_when)
     assert launch._gluon_ready(kernel, args, {}, (8,), None) is False
     assert launch._gluon_ready(kernel, args, {}, (8,), {"BACKEND": "gluon"}) is True   # a config of its own
+    assert launch._replay("recorded with the Triton kernel") == "replay"
     gate.set()
     ahead.wait_for_compiles()
-    assert launch._REPLAYS == {}   # replays recorded with the Triton kernel are dropped once it is ready
+    assert launch._replay("recorded with the Triton kernel") is None   # stale once the Gluon kernel is ready
+    assert launch._REPLAYS == {}
     assert launch._gluon_ready(kernel, args, {}, (8,), None) is True
     assert len(kernel.compiled) == 1
 
@@ -144,13 +161,16 @@ def test_a_gluon_kernel_met_in_a_warm_pass_compiles_after_the_calls_own_kernels(
     def forward(q, *, config=None):   # a prefill module's branch: the Gluon kernel where it is ready
         if not launch._gluon_ready(gluon, (desc, 40), {}, (8,), config) and ahead._warming():
             key = ("triton", 40)
-            future = ahead._submit(key, q.device, triton_kernel, (1,), (q, 40), {})
-            future.add_done_callback(lambda _: order.append("triton"))
-            ahead._AHEAD.futures.append(future)
+
+            def submit():
+                future = ahead._submit(key, q.device, triton_kernel, (1,), (q, 40), {})
+                future.add_done_callback(lambda _: order.append("triton"))
+                return future
+            ahead._AHEAD.needed.append((key, submit))
         return q
 
-    futures, later = ahead._warm_pass(forward, (x,), None)
-    assert len(futures) == 1 and len(later) == 1 and gluon.compiled == []   # put off, not submitted
+    needed, later, pending = ahead._warm_pass(forward, (x,), None)
+    assert len(needed) == 1 and len(later) == 1 and gluon.compiled == []   # put off, not submitted
     ahead._compile_ahead(forward, (x,), None, {"q": ("float16", ("B", 4, "S", 16))}, ())
     ahead.wait_for_compiles()
     assert len(gluon.compiled) == 1 and order[0] == "triton"
@@ -166,3 +186,42 @@ def test_a_failure_warming_the_other_class_does_not_fail_the_call(monkeypatch):
     ahead._compile_ahead(module_forward(kernels, launched), (q, q), None, INPUTS, ("S",))
     ahead.wait_for_compiles()
     assert [args[2] for args in kernels[0].compiled] == [32]   # the call's own kernels, compiled
+
+
+def test_a_first_call_runs_the_quick_tier_while_the_tuned_kernels_compile():
+    """The quick kernels are compiled and waited for; the tuned ones compile in the background, and calls take
+    the quick tier until they are ready. The replays of those calls are stale from then on."""
+    gate = threading.Event()
+    tuned, quick, launched = [StandIn(gate)], [StandIn()], []
+    forward = module_forward(tuned, launched, quick)
+    q = torch.randn(1, 4, 32, 16, dtype=torch.float16)
+    config, stale_when = ahead._compile_ahead(forward, (q, q), None, INPUTS, ("S",), {"ONE_LOOP": 1})
+    assert isinstance(config, ahead._QuickConfig) and config == {"ONE_LOOP": 1}
+    assert len(quick[0].compiled) == 1 and tuned[0].compiled == []   # the tuned compile waits on the gate
+    assert len(stale_when) == 1 and not stale_when[0].done()
+    again, _ = ahead._compile_ahead(forward, (q, q), None, INPUTS, ("S",), {"ONE_LOOP": 1})
+    assert isinstance(again, ahead._QuickConfig) and len(quick[0].compiled) == 1   # nothing compiled again
+    assert launched == []   # warm passes launch nothing
+    gate.set()
+    ahead.wait_for_compiles()
+    assert all(f.done() for f in stale_when)
+    assert sorted(args[2] for args in tuned[0].compiled) == [32, 33]   # the call's length and the other class's
+    assert ahead._compile_ahead(forward, (q, q), None, INPUTS, ("S",), {"ONE_LOOP": 1}) == (None, [])
+
+
+def test_the_quick_tier_is_marked_for_the_launches_of_its_call():
+    q = torch.randn(1, 4, 32, 16, dtype=torch.float16)
+    launch._setup(INPUTS, {"BLOCK": 16}, {"BLOCK": 16}, {}, "", (q, q), ahead._QuickConfig({"ONE_LOOP": 1}))
+    assert ahead._quick_call()
+    _, _, cfg, _ = launch._setup(INPUTS, {"BLOCK": 16}, {"BLOCK": 16, "COMBINE": {"in_kernel": 1, "ONE_LOOP": 0}},
+                                 {}, "", (q, q), ahead._QuickConfig({"COMBINE": {"in_kernel": 0}}))
+    assert cfg["COMBINE"] == {"in_kernel": 0, "ONE_LOOP": 0}   # merged entry by entry
+    launch._setup(INPUTS, {"BLOCK": 16}, {"BLOCK": 16}, {}, "", (q, q), None)
+    assert not ahead._quick_call()
+
+
+def test_a_length_parameter_of_the_quick_twin_is_keyed_by_its_width_only():
+    kernel, q = object(), torch.randn(4, dtype=torch.float16)
+    keys = [launch._compile_key(kernel, (q, n), {}, (), frozenset({1})) for n in (16, 17, 1)]
+    assert keys[0] == keys[1] == keys[2]
+    assert launch._compile_key(kernel, (q, 16), {}, ()) != launch._compile_key(kernel, (q, 17), {}, ())

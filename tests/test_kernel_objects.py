@@ -12,7 +12,11 @@ def test_a_rolled_softmax_is_one_pass_and_the_unfused_one_two():
     rolled, _ = triton_kernel(by_family["rolled"].sched, "softmax")
     unfused, _ = triton_kernel(by_family["unfused"].sched, "softmax")
     assert len(rolled.passes) == 1 and len(unfused.passes) == 2
-    assert all(p.loops[0].startswith("for start in range(") for p in rolled.passes + unfused.passes)
+    # one masked loop for a first call's quick kernel (ONE_LOOP), else masked, full and masked blocks
+    for p in rolled.passes + unfused.passes:
+        assert p.loops[0] == "if ONE_LOOP:" and p.loops[1].strip().startswith("for start in range(lo, hi,")
+        assert sum(x.startswith("    for start in range(") for x in p.loops) == 4
+    assert "ONE_LOOP" in rolled.constexprs
     assert "x_ptr" in rolled.params and "BLOCK_J" in rolled.constexprs
 
 

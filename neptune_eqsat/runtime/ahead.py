@@ -1,20 +1,32 @@
-"""Compiling ahead, copied into each generated module with launch.py: the first call on a GPU compiles all of
-its kernels at once on background threads instead of one after another, and then, still in the background,
-the kernels of the same call at lengths of Triton's other specialization class, so that a new sequence length
-does not wait for a compile.
+"""Compiling ahead, copied into each generated module with launch.py: a first call on a GPU runs quick kernels
+that compile fast and serve every length, while the kernels tuned for its shape compile in the background;
+later calls take those once they are ready. A new sequence length therefore never waits for a compile.
 
-Triton compiles a kernel again for an integer argument that is 1, a multiple of 16 or neither; a sequence
-length stays specialized because knowing it is a multiple of 16 makes kernels faster (codegen/kernel.py's
-grid_sizes). Triton's compile releases the interpreter lock for much of its work (MLIR, LLVM, ptxas): on an
-H100's host the calling thread kept 58-102% of its Python progress while a kernel compiled on another. Its
-Python parts still contend, so compiles that nothing waits for yet start after the call's own.
+Two tiers of the same plan:
+* **quick** (the module's QUICK over CONFIG, no measured config): one masked loop per pass instead of masked,
+  full and masked loops (ONE_LOOP), a split plan's combine as its own kernel (compiled beside the partials'
+  kernel, not inside it), no Gluon kernel; and every integer argument unspecialized (_ANY_LENGTH in
+  launch.py), so that a length of another class, another chunk count or another stride compiles nothing.
+* **tuned** (CONFIG with what was measured for the GPU and shape bucket): lengths stay specialized because
+  knowing one is a multiple of 16 makes kernels faster (codegen/kernel.py's grid_sizes); Triton compiles
+  again for an integer that is 1, a multiple of 16 or neither. After a first call, the tuned kernels of its
+  lengths' other class compile in the background too.
 
-A warm pass runs the module's forward with the launches replaced by compiles submitted to the threads (no
-kernel runs, no replay is recorded, no CUDA graph is captured). Warm passes run on the calling thread: the
-compile threads only compile, so none of our GPU work runs beside the caller's (a CUDA graph it captures
-right after must not see another thread's launch). Calls with a config of their own do none of
-this, and NEPTUNE_EQSAT_COMPILE_AHEAD=0 turns it off for all calls: every kernel then compiles when it first
-launches, as Triton does by itself.
+A call recorded for replay while tuned kernels it did not take were compiling is replayed until one of them
+is ready, then recorded again (launch.py's _replay).
+
+Triton's compile releases the interpreter lock for much of its work (MLIR, LLVM, ptxas): on an H100's host
+the calling thread kept 58-102% of its Python progress while a kernel compiled on another. Its Python parts
+still contend, so compiles that nothing waits for start after the call's own. A compile thread also loads
+the kernel and builds its launcher (a C module Triton compiles per signature), work a first launch would
+otherwise do on the calling thread.
+
+A warm pass runs the module's forward with the launches replaced by compile requests (no kernel runs, no
+replay is recorded, no CUDA graph is captured). Warm passes run on the calling thread: the compile threads
+only compile, so none of our GPU work runs beside the caller's (a CUDA graph it captures right after must not
+see another thread's launch). Calls with a config of their own do none of this, and
+NEPTUNE_EQSAT_COMPILE_AHEAD=0 turns it off for all calls: every kernel then compiles when it first launches,
+as Triton does by itself.
 """
 import concurrent.futures
 import math
@@ -24,7 +36,7 @@ import threading
 import torch
 
 # ---- copied into every generated module from here on
-_AHEAD = threading.local()   # .futures: the compiles a warm pass on this thread submitted; .later: to submit after
+_AHEAD = threading.local()   # a warm pass's requests on this thread (.needed, .later, .pending); .quick: see _setup
 _PENDING = {}                # a kernel's compile key (config, argument specialization) -> its Future
 _BACKGROUND = []             # every Future submitted, for wait_for_compiles
 _POOL = []                   # the compile threads, started on first use
@@ -32,11 +44,6 @@ _POOL = []                   # the compile threads, started on first use
 
 def _ahead_enabled():
     return os.environ.get("NEPTUNE_EQSAT_COMPILE_AHEAD", "1") != "0"
-
-
-def _warming():
-    """Is this thread running a warm pass (compile, do not launch)?"""
-    return getattr(_AHEAD, "futures", None) is not None
 
 
 def _pool():
@@ -61,11 +68,18 @@ def _in_background(device, job, *args):
 
 
 def _submit(key, device, kernel, grid, args, cfg):
-    """The Future of compiling `kernel` for these arguments (Triton's warmup: compile, keep, do not launch);
-    one per compile key."""
+    """The Future of compiling `kernel` for these arguments (Triton's warmup: compile, keep, do not launch),
+    then loading it and building its launcher; one per compile key."""
+    def compile_and_load():
+        compiled = kernel.warmup(*args, grid=grid, **cfg)
+        try:
+            compiled._init_handles()
+        except Exception:   # noqa: BLE001 - out of shared memory, say: the launch raises it where it is handled
+            pass
+        return compiled
     future = _PENDING.get(key)
     if future is None:
-        future = _PENDING[key] = _in_background(device, lambda: kernel.warmup(*args, grid=grid, **cfg))
+        future = _PENDING[key] = _in_background(device, compile_and_load)
     return future
 
 
@@ -98,18 +112,34 @@ def wait_for_compiles():
         concurrent.futures.wait(pending)
 
 
+class _QuickConfig(dict):
+    """The config of a call running the quick tier (QUICK over CONFIG): launches take _ANY_LENGTH's kernels."""
+
+
+def _quick_call():
+    """Does the forward running on this thread run the quick tier (set by _setup)?"""
+    return getattr(_AHEAD, "quick", False)
+
+
 def _warm_pass(forward, tensors, config):
-    """Run forward with its launches replaced by background compiles: (the Futures submitted, the compiles to
-    submit once those are done). A failure here is not the call's: the call itself compiles what is left and
-    reports it."""
-    _AHEAD.futures, _AHEAD.later = [], []
+    """Run forward with its launches replaced by compile requests: (the compiles the call would wait for, as
+    (key, submit) pairs; those it puts off, as submit callables (a Gluon kernel); the compiles of kernels it
+    would take if they were ready, as Futures). submit() returns the compile's Future. A failure here is not
+    the call's: the call itself compiles what is left and reports it."""
+    _AHEAD.needed, _AHEAD.later, _AHEAD.pending = [], [], []
     try:
         forward(*tensors, config=config)
     except Exception:   # noqa: BLE001 - the real call raises it, with its context
         pass
     finally:
-        futures, later, _AHEAD.futures, _AHEAD.later = _AHEAD.futures, _AHEAD.later, None, None
-    return futures, later
+        found = _AHEAD.needed, _AHEAD.later, _AHEAD.pending
+        _AHEAD.needed = _AHEAD.later = _AHEAD.pending = None
+    return found
+
+
+def _warming():
+    """Is this thread running a warm pass (compile, do not launch)?"""
+    return getattr(_AHEAD, "needed", None) is not None
 
 
 def _after_this_call(submit):
@@ -153,30 +183,43 @@ def _sibling_inputs(inputs, lengths, tensors):
     return [_zeros_like_layout(x, s) for x, s in zip(tensors, shapes)]
 
 
-def _compile_ahead(forward, tensors, config, inputs, lengths):
-    """Before the launches of a GPU call that does not replay: compile its kernels together, waiting for them;
-    then start, in the background, the compiles it put off (a Gluon kernel) and, where it compiled any, those of
-    its lengths' other class. Not for a call with a config of its own (a tuner's or an experiment's: it runs
-    exactly what it names, compiled when launched)."""
+def _compile_ahead(forward, tensors, config, inputs, lengths, quick=None):
+    """Before the launches of a GPU call that does not replay: (the config it runs with, the Futures whose
+    completion makes its replay stale). Where its tuned kernels are compiled, the call runs them. Otherwise
+    it runs the quick tier (`quick`: the module's QUICK), compiling its kernels together and waiting for
+    them, and the tuned kernels (with any compiles they put off, a Gluon kernel) and those of its lengths'
+    other class compile in the background; without `quick` it waits for the tuned kernels instead. Nothing
+    for a call with a config of its own (a tuner's or an experiment's: it runs exactly what it names,
+    compiled when launched)."""
     capturing = tensors[0].is_cuda and torch.cuda.is_current_stream_capturing()
     if config is not None or _warming() or not _ahead_enabled() or capturing:
-        return   # (inside a CUDA graph capture a warm pass's allocations would be captured too)
-    futures, later = _warm_pass(forward, tensors, config)
-    concurrent.futures.wait(futures)
-    for submit in later:
-        submit()
-    if futures:   # on this thread: the compile threads only compile, so no GPU work of ours runs beside the
+        return config, ()   # (inside a CUDA graph capture a warm pass's allocations would be captured too)
+    needed, later, pending = _warm_pass(forward, tensors, None)
+    if not needed:
+        return None, pending + [submit() for submit in later]
+    first = any(_future(key) is None for key, _ in needed)   # not submitted by an earlier call
+    if quick is not None:
+        config = _QuickConfig(quick)
+        concurrent.futures.wait([submit() for _, submit in _warm_pass(forward, tensors, config)[0]])
+        tuned = [submit() for _, submit in needed]   # in the background: the call does not wait for them
+    else:
+        concurrent.futures.wait([submit() for _, submit in needed])
+        tuned = []
+    stale_when = tuned + [submit() for submit in later] + pending
+    if first:   # on this thread: the compile threads only compile, so no GPU work of ours runs beside the
         # caller's (a CUDA graph captured right after the first call must not see a launch from another thread)
         try:
-            _warm_siblings(forward, config, inputs, lengths, tensors)
+            _warm_siblings(forward, inputs, lengths, tensors)
         except Exception:   # noqa: BLE001 - out of memory for the zero inputs, say: the call goes on without it
             pass
+    return config, stale_when
 
 
-def _warm_siblings(forward, config, inputs, lengths, tensors):
-    """A warm pass of the call at its lengths' other class: its compiles are submitted, not waited for."""
+def _warm_siblings(forward, inputs, lengths, tensors):
+    """A warm pass of the call at its lengths' other class: its tuned kernels' compiles are submitted, not
+    waited for."""
     siblings = _sibling_inputs(inputs, lengths, tensors)
     if siblings is not None:
-        futures, later = _warm_pass(forward, siblings, config)
-        for submit in later:
+        needed, later, _ = _warm_pass(forward, siblings, None)
+        for submit in [s for _, s in needed] + later:
             submit()

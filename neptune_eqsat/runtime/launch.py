@@ -15,8 +15,8 @@ import torch
 import triton
 
 from neptune_eqsat.runtime.configs import bucket, split_count
-from neptune_eqsat.runtime.ahead import (_AHEAD, _after_this_call, _ahead_enabled, _compiled, _future, _submit,
-                                         _wait, _warming)
+from neptune_eqsat.runtime.ahead import (_AHEAD, _QuickConfig, _after_this_call, _ahead_enabled, _compiled,
+                                         _future, _quick_call, _submit, _wait, _warming)
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # a generated module sets it above its kernels
 
@@ -32,7 +32,29 @@ except ImportError:
     gl = GluonDescriptor = None
 
 _COMPILED = {}   # (grid, (kernel, config, argument specialization)) -> compiled kernel
-_REPLAYS = {}    # signature of the inputs -> replay of the recorded launches
+_REPLAYS = {}    # signature of the inputs -> (replay of the recorded launches, Futures that make it stale)
+_ANY_LENGTH = {}   # a kernel -> (its twin for the quick tier (ahead.py), the positions of its length parameters)
+
+
+def _any_length(kernel, length_params):
+    """(The kernel compiled once for every value of its length parameters (sizes, chunk counts), their
+    positions among its parameters)."""
+    twin = kernel if _INTERPRETED else triton.jit(do_not_specialize=list(length_params))(kernel.fn)
+    names = list(kernel.arg_names) if hasattr(kernel, "arg_names") else []
+    return twin, frozenset(names.index(p) for p in length_params if p in names)
+
+
+def _replay(key):
+    """The replay recorded for a call like this one; None where there is none, or where a kernel the recorded
+    call did not take (compiling then, in the background) is ready now: the call is then run and recorded again."""
+    entry = _REPLAYS.get(key)
+    if entry is None:
+        return None
+    replay, stale_when = entry
+    if any(f.done() for f in stale_when):
+        _REPLAYS.pop(key, None)
+        return None
+    return replay
 
 
 def _signature(*tensors):
@@ -305,18 +327,22 @@ def _specialization(a):
 
 def _launch(rec, kernel, grid, args, cfg, constexprs):
     """Launch a kernel; on the GPU keep the compiled kernel per argument specialization. In a warm pass
-    (ahead.py) submit its compile instead; a launch whose compile runs in the background waits for it."""
+    (ahead.py) request its compile instead; a launch whose compile runs in the background waits for it. A
+    call of the quick tier launches the kernel's twin that no integer argument specializes."""
     first = args[0].base if _is_descriptor(args[0]) else args[0]
     if first.device.type != "cuda" or not _replay_enabled():
         _fitted(kernel, grid, args, cfg)
         return
+    unspecialized = ()
+    if _quick_call() and kernel in _ANY_LENGTH:
+        kernel, unspecialized = _ANY_LENGTH[kernel]
     grid = tuple(grid) + (1,) * (3 - len(grid))
-    compile_key = _compile_key(kernel, args, cfg, constexprs)
+    compile_key = _compile_key(kernel, args, cfg, constexprs, unspecialized)
     key = (grid, compile_key)
     compiled = _COMPILED.get(key)
     if _warming():
         if compiled is None and not _compiled(compile_key):
-            _AHEAD.futures.append(_submit(compile_key, first.device, kernel, grid, args, cfg))
+            _AHEAD.needed.append((compile_key, lambda: _submit(compile_key, first.device, kernel, grid, args, cfg)))
         return
     if compiled is None:
         _wait(compile_key)
@@ -327,24 +353,27 @@ def _launch(rec, kernel, grid, args, cfg, constexprs):
         rec.launched(compiled, grid, args, constexprs)
 
 
-def _compile_key(kernel, args, cfg, constexprs):
-    """What Triton compiles a kernel once for: the kernel, its config and constants, its arguments' specialization."""
-    return (kernel, *cfg.items(), *constexprs, *map(_specialization, args))
+def _compile_key(kernel, args, cfg, constexprs, unspecialized=()):
+    """What Triton compiles a kernel once for: the kernel, its config and constants, its arguments'
+    specialization (of an integer at a position in `unspecialized`, only whether it fits 32 bits)."""
+    spec = [(-2**31 <= a < 2**31) if n in unspecialized else _specialization(a) for n, a in enumerate(args)]
+    return (kernel, *cfg.items(), *constexprs, *spec)
 
 
 def _gluon_ready(kernel, args, cfg, constexprs, config):
     """Does this call take the Gluon kernel? It compiles in 2-5 s against 1-2 s for the Triton kernel of the
-    same plan (an H100), so while it compiles in the background calls take the Triton kernel, and the replays
-    recorded meanwhile are dropped when it is ready. Always for a call with a config of its own, or where
+    same plan (an H100), so while it compiles in the background calls take the Triton kernel, and their
+    replays go stale when it is ready (_replay). Always for a call with a config of its own, or where
     compiling ahead is off."""
     if config is not None or not _ahead_enabled() or not _replay_enabled():
         return True
     key = _compile_key(kernel, args, cfg, constexprs)
     future = _future(key)
     if future is None:
-        _after_this_call(lambda: _submit(key, args[0].base.device, kernel, (1, 1, 1), args, cfg).add_done_callback(
-            lambda _: _REPLAYS.clear()))
+        _after_this_call(lambda: _submit(key, args[0].base.device, kernel, (1, 1, 1), args, cfg))
         return False
+    if not future.done() and _warming():
+        _AHEAD.pending.append(future)
     return future.done()
 
 
@@ -402,14 +431,21 @@ def _setup(inputs, gpu_config, interpreter_config, tuned, tuned_for, tensors, co
     """What a call does before its launches, from the module's data (INPUTS, CONFIG, INTERPRETER_CONFIG, TUNED,
     TUNED_FOR) and the call's tensors and config: check the inputs and read their sizes; choose the tunables
     (on the GPU CONFIG with what was measured for its name and the call's shape bucket, on the CPU
-    INTERPRETER_CONFIG; the caller's config over either); on the GPU start the recording of its launches for
-    replay. Returns (sizes, device, cfg, rec)."""
+    INTERPRETER_CONFIG; the caller's config over either; for a call of the quick tier, CONFIG with the module's
+    QUICK entries over it, a split plan's COMBINE entry by entry); on the GPU start the recording of its
+    launches for replay. Marks this thread's launches as the quick tier's or not. Returns (sizes, device, cfg,
+    rec)."""
     sizes = _bind_inputs(inputs, tensors)
     device = tensors[0].device
     if device.type == "cpu" and not _INTERPRETED:
         raise RuntimeError("CPU tensors run under Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
     cfg = dict(interpreter_config if device.type == "cpu" else gpu_config)
-    if device.type == "cuda":
+    _AHEAD.quick = isinstance(config, _QuickConfig)
+    if _AHEAD.quick:
+        for k, v in config.items():
+            cfg[k] = {**cfg[k], **v} if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
+        config = None
+    if device.type == "cuda" and not _AHEAD.quick:
         cfg.update(_measured_config(tuned, tuned_for, _gpu_name(device), bucket(sizes)))
     cfg.update(config or {})
     rec = _Recording(tensors) if device.type == "cuda" and _replay_enabled() and not _warming() else None

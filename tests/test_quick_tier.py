@@ -1,0 +1,32 @@
+"""The quick tier a first call runs on a GPU (runtime/ahead.py): the same plan with one masked loop per pass
+(ONE_LOOP), a split plan's combine in its own kernel and no Gluon kernel. Each shipped spec's quick config,
+under the interpreter, against float64 and against the tuned config's output."""
+import pytest
+import torch
+
+from conftest import SPECS, compiled, on_device
+from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
+
+SIZES = {"B": 1, "S": 21, "Q": 3, "SKV": 37, "R": 3, "N": 40, "V": 40, "T": 3, "M": 20}
+SHIPPED = sorted(p.stem for p in SPECS.glob("*.py"))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_quick_config_matches_float64(name):
+    result, mod = compiled(str(SPECS / f"{name}.py"))
+    if not hasattr(mod, "QUICK"):
+        pytest.skip("a staged module: each stage's module has its own quick tier")
+    if "ONE_LOOP" in mod.CONFIG:
+        assert mod.QUICK["ONE_LOOP"] == 1 and "if ONE_LOOP:" in result.source
+    if "COMBINE" in mod.CONFIG:
+        assert mod.QUICK["COMBINE"]["in_kernel"] == 0
+    if "BACKEND" in mod.CONFIG:
+        assert mod.QUICK["BACKEND"] == "triton"
+    inputs = random_inputs(result.spec, {d: SIZES[d] for d in SIZES if d in result.spec.dims_}, seed=5)
+    quick = on_device(mod.forward, *inputs.values(), config=mod._QuickConfig(mod.QUICK))
+    tuned = on_device(mod.forward, *inputs.values())
+    ref = evaluate(result.spec, inputs)
+    assert not torch.isnan(quick).any()
+    tol = tolerance(result.spec.output_dtype)
+    assert (quick.double() - ref).abs().max().item() <= tol
+    assert (quick.double() - tuned.double()).abs().max().item() <= tol
