@@ -164,8 +164,9 @@ def builder_call(table: BlockTable, w, cfg: str) -> str:
     return f"    {table.param}, {table.param}_skewed = _block_table(rec, {table.builder}, {consts}, {tensors})"
 
 
-def kernel_lines(table: BlockTable, w) -> tuple[list[str], list[str], list[str]]:
-    """(lines locating the program's lists, the partial loop header, the full loop header)."""
+def kernel_lines(table: BlockTable, w) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(lines locating the program's lists, the partial loop header, the full loop header, the header of one
+    loop over both lists, partial blocks first: a first call's quick kernel runs the masked body over it)."""
     flat = "0"
     for g in table.grid_axes:
         flat = g if flat == "0" else f"({flat}) * {w.ext(g)} + {g}"
@@ -184,7 +185,11 @@ def kernel_lines(table: BlockTable, w) -> tuple[list[str], list[str], list[str]]
             ranges[kind] = (f"{p}_{kind}_lo", f"{p}_{kind}_hi")
     partial = [f"for blk in range({', '.join(ranges['partial'])}):", f"    start = tl.load({p}_at + 1 + blk) * {bj}"]
     full = [f"for blk in range({', '.join(ranges['full'])}):", f"    start = tl.load({p}_at + n_kb + 2 + blk) * {bj}"]
-    return lines, partial, full
+    (p_lo, p_hi), (f_lo, f_hi) = ranges["partial"], ranges["full"]
+    both = [f"for blk in range(0, ({p_hi}) - ({p_lo}) + ({f_hi}) - ({f_lo})):",
+            f"    start = tl.load(tl.where(blk < ({p_hi}) - ({p_lo}), {p}_at + 1 + ({p_lo}) + blk, "
+            f"{p}_at + n_kb + 2 + ({f_lo}) + blk - (({p_hi}) - ({p_lo})))) * {bj}"]
+    return lines, partial, full, both
 
 
 def _block_counts(w) -> tuple[str, str]:

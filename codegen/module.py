@@ -130,9 +130,16 @@ def _any_length_source(kernels: list[tuple[str, list[str]]]) -> str:
 
 
 def _quick_config(gpu: dict) -> dict:
-    """QUICK: what a first call changes in CONFIG to run kernels that compile fast -- one masked loop per pass,
-    a split plan's combine in its own kernel, the Triton kernel rather than the Gluon one."""
+    """QUICK: what a first call changes in CONFIG to run kernels that compile fast and whose compile no length
+    changes -- one masked loop per pass, a split plan's combine in its own kernel, the Triton kernel rather
+    than the Gluon one."""
     quick = {"ONE_LOOP": 1} if "ONE_LOOP" in gpu else {}
+    # no software pipelining (a third less to compile), no bound tests dropped for lengths that are a multiple of
+    # the block (EVEN_*) and a fixed row order: nothing the kernel is compiled for depends on the call
+    quick["num_stages"] = 1
+    quick.update({k: 0 for k in gpu if k.startswith("EVEN_")})
+    if "ROW_ORDER" in gpu:
+        quick["ROW_ORDER"] = gpu["ROW_ORDER"]
     if "COMBINE" in gpu:
         quick["COMBINE"] = {"in_kernel": 0, **({"ONE_LOOP": 1} if "ONE_LOOP" in gpu["COMBINE"] else {})}
     if "BACKEND" in gpu:

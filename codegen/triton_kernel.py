@@ -153,22 +153,20 @@ def triton_kernel(sched: Schedule, name: str, partials: list | None = None, *, c
             w.blocks[blk][head_lines:head_lines] = prevs   # the states as they were when the block began
             loops.append(w.blocks[blk])
         loop_lines = []
+        # ONE_LOOP (a first call's quick kernel): the masked body over every block the pass visits, a half or a
+        # third of the code for Triton to compile; else partial blocks masked and full blocks without the mask
+        w.one_loop = True
         if table is not None:   # the row block's lists of partial and full key blocks (blocks.py)
-            bounds, partial, full = blocks.kernel_lines(table, w)
-            for header, lines in ((partial, loops[0]), (full, loops[1])):
-                loop_lines += header + ["    " + x for x in lines]
+            bounds, partial, full, both = blocks.kernel_lines(table, w)
+            one, parts = both, ((partial, loops[0]), (full, loops[1]))
         else:
             bounds = pass_bounds(w, p, reds)
-            # ONE_LOOP (a first call's quick kernel): the masked body over the whole range, a third of the code
-            # for Triton to compile; else masked blocks, blocks known full (no mask), masked blocks
-            w.one_loop = True
-            loop_lines += ["if ONE_LOOP:", f"    for start in range(lo, hi, {w.block(loop)}):"]
-            loop_lines += ["        " + x for x in loops[0]]
-            loop_lines.append("else:")
-            for lo, hi, lines in (("lo", "full_lo", loops[0]), ("full_lo", "full_hi", loops[1]),
-                                  ("full_hi", "hi", loops[0])):
-                loop_lines.append(f"    for start in range({lo}, {hi}, {w.block(loop)}):")
-                loop_lines += ["        " + x for x in lines]
+            one = [f"for start in range(lo, hi, {w.block(loop)}):"]
+            parts = tuple(([f"for start in range({lo}, {hi}, {w.block(loop)}):"], lines) for lo, hi, lines in
+                          (("lo", "full_lo", loops[0]), ("full_lo", "full_hi", loops[1]), ("full_hi", "hi", loops[0])))
+        loop_lines += ["if ONE_LOOP:"] + ["    " + x for x in one] + ["        " + x for x in loops[0]] + ["else:"]
+        for header, lines in parts:
+            loop_lines += ["    " + x for x in header] + ["        " + x for x in lines]
         passes.append(Pass(f"# pass {p} over {loop}: " + ", ".join(ir.show(r)[:60] for r in reds),
                            w.blocks[f"pre{p}"], w.blocks[f"init{p}"], bounds, loop_lines))
         done |= set(reds)

@@ -210,12 +210,12 @@ def test_a_first_call_runs_the_quick_tier_while_the_tuned_kernels_compile():
 
 
 def test_the_quick_tier_is_marked_for_the_launches_of_its_call():
-    q = torch.randn(1, 4, 32, 16, dtype=torch.float16)
+    q = torch.randn(1, 4, 32, 16, dtype=torch.float16, device=DEVICE)
     launch._setup(INPUTS, {"BLOCK": 16}, {"BLOCK": 16}, {}, "", (q, q), ahead._QuickConfig({"ONE_LOOP": 1}))
     assert ahead._quick_call()
-    _, _, cfg, _ = launch._setup(INPUTS, {"BLOCK": 16}, {"BLOCK": 16, "COMBINE": {"in_kernel": 1, "ONE_LOOP": 0}},
-                                 {}, "", (q, q), ahead._QuickConfig({"COMBINE": {"in_kernel": 0}}))
-    assert cfg["COMBINE"] == {"in_kernel": 0, "ONE_LOOP": 0}   # merged entry by entry
+    config = {"BLOCK": 16, "COMBINE": {"in_kernel": 1, "ONE_LOOP": 0}}
+    _, _, cfg, _ = launch._setup(INPUTS, config, config, {}, "", (q, q), ahead._QuickConfig({"COMBINE": {"in_kernel": 0}}))
+    assert cfg["COMBINE"] == {"in_kernel": 0, "ONE_LOOP": 0}   # merged entry by entry, no measured config
     launch._setup(INPUTS, {"BLOCK": 16}, {"BLOCK": 16}, {}, "", (q, q), None)
     assert not ahead._quick_call()
 
