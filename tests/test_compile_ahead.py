@@ -17,12 +17,13 @@ class StandIn:
     """A kernel whose warmup (compile) records its arguments, after `gate` opens."""
 
     def __init__(self, gate=None):
-        self.compiled, self.gate = [], gate
+        self.compiled, self.threads, self.gate = [], [], gate
 
     def warmup(self, *args, grid, **cfg):
         if self.gate is not None:
             self.gate.wait(5)
         self.compiled.append(args)
+        self.threads.append(threading.current_thread().name)
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +39,8 @@ def request(kernel, args, tier=""):
     """What a generated module's launch does in a warm pass: request the kernel's compile."""
     key = (kernel, tier, *map(launch._specialization, args))
     if not ahead._compiled(key):
-        ahead._AHEAD.needed.append((key, lambda: ahead._submit(key, args[0].device, kernel, (1,), args, {})))
+        ahead._AHEAD.needed.append((key, lambda background=False: ahead._submit(key, args[0].device, kernel, (1,), args,
+                                                                                {}, background)))
 
 
 def module_forward(kernels, launched, quick_kernels=()):
@@ -162,8 +164,8 @@ def test_a_gluon_kernel_met_in_a_warm_pass_compiles_after_the_calls_own_kernels(
         if not launch._gluon_ready(gluon, (desc, 40), {}, (8,), config) and ahead._warming():
             key = ("triton", 40)
 
-            def submit():
-                future = ahead._submit(key, q.device, triton_kernel, (1,), (q, 40), {})
+            def submit(background=False):
+                future = ahead._submit(key, q.device, triton_kernel, (1,), (q, 40), {}, background)
                 future.add_done_callback(lambda _: order.append("triton"))
                 return future
             ahead._AHEAD.needed.append((key, submit))
@@ -206,6 +208,9 @@ def test_a_first_call_runs_the_quick_tier_while_the_tuned_kernels_compile():
     ahead.wait_for_compiles()
     assert all(f.done() for f in stale_when)
     assert sorted(args[2] for args in tuned[0].compiled) == [32, 33]   # the call's length and the other class's
+    # compiles nothing waits for run one at a time on a thread of their own, beside the caller's work
+    assert all(t.startswith("neptune-compile-background") for t in tuned[0].threads)
+    assert all(t.startswith("neptune-compile-waited") for t in quick[0].threads)
     assert ahead._compile_ahead(forward, (q, q), None, INPUTS, ("S",), {"ONE_LOOP": 1}) == (None, [])
 
 

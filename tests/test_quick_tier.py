@@ -27,7 +27,9 @@ def test_the_quick_config_matches_float64(name):
     tuned = on_device(mod.forward, *inputs.values())
     ref = evaluate(result.spec, inputs)
     assert not torch.isnan(quick).any()
-    tol = tolerance(result.spec.output_dtype)
+    # relative to the output's size where it is large (a loss over a long hidden dim, summed on the GPU in
+    # another order than float64's)
+    tol = tolerance(result.spec.output_dtype) * max(1.0, ref.abs().max().item())
     assert (quick.double() - ref).abs().max().item() <= tol
     assert (quick.double() - tuned.double()).abs().max().item() <= tol
 

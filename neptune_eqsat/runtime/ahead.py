@@ -39,37 +39,41 @@ import torch
 _AHEAD = threading.local()   # a warm pass's requests on this thread (.needed, .later, .pending); .quick: see _setup
 _PENDING = {}                # a kernel's compile key (config, argument specialization) -> its Future
 _BACKGROUND = []             # every Future submitted, for wait_for_compiles
-_POOL = []                   # the compile threads, started on first use
+_POOLS = {}                  # the compile threads, started on first use: "waited" and "background"
 
 
 def _ahead_enabled():
     return os.environ.get("NEPTUNE_EQSAT_COMPILE_AHEAD", "1") != "0"
 
 
-def _pool():
-    if not _POOL:
-        workers = max(2, min(8, os.cpu_count() or 2))
-        _POOL.append(concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="neptune-compile"))
-    return _POOL[0]
+def _pool(background):
+    """The threads for compiles a call waits for (several, so that they compile together), or the one thread
+    for those nothing waits for yet: one at a time, so that they hold the interpreter lock as little as they
+    can while the caller goes on (the next first call traces and optimizes in Python)."""
+    kind = "background" if background else "waited"
+    if kind not in _POOLS:
+        workers = 1 if background else max(2, min(8, os.cpu_count() or 2))
+        _POOLS[kind] = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=f"neptune-compile-{kind}")
+    return _POOLS[kind]
 
 
-def _in_background(device, job, *args):
-    """job(*args) on a compile thread, with `device` current there (Triton compiles for the current device)."""
+def _in_background(device, job, background=False):
+    """job() on a compile thread, with `device` current there (Triton compiles for the current device)."""
     def on_device():
         if device.type != "cuda":
-            return job(*args)
+            return job()
         with torch.cuda.device(device):
-            return job(*args)
-    future = _pool().submit(on_device)
+            return job()
+    future = _pool(background).submit(on_device)
     if len(_BACKGROUND) > 256:   # keep the list to the compiles that may still run
         _BACKGROUND[:] = [f for f in _BACKGROUND if not f.done()]
     _BACKGROUND.append(future)
     return future
 
 
-def _submit(key, device, kernel, grid, args, cfg):
+def _submit(key, device, kernel, grid, args, cfg, background=False):
     """The Future of compiling `kernel` for these arguments (Triton's warmup: compile, keep, do not launch),
-    then loading it and building its launcher; one per compile key."""
+    then loading it and building its launcher; one per compile key. `background`: nothing waits for it yet."""
     def compile_and_load():
         compiled = kernel.warmup(*args, grid=grid, **cfg)
         try:
@@ -79,7 +83,7 @@ def _submit(key, device, kernel, grid, args, cfg):
         return compiled
     future = _PENDING.get(key)
     if future is None:
-        future = _PENDING[key] = _in_background(device, compile_and_load)
+        future = _PENDING[key] = _in_background(device, compile_and_load, background)
     return future
 
 
@@ -124,8 +128,8 @@ def _quick_call():
 def _warm_pass(forward, tensors, config):
     """Run forward with its launches replaced by compile requests: (the compiles the call would wait for, as
     (key, submit) pairs; those it puts off, as submit callables (a Gluon kernel); the compiles of kernels it
-    would take if they were ready, as Futures). submit() returns the compile's Future. A failure here is not
-    the call's: the call itself compiles what is left and reports it."""
+    would take if they were ready, as Futures). submit(background) returns the compile's Future. A failure
+    here is not the call's: the call itself compiles what is left and reports it."""
     _AHEAD.needed, _AHEAD.later, _AHEAD.pending = [], [], []
     try:
         forward(*tensors, config=config)
@@ -196,16 +200,16 @@ def _compile_ahead(forward, tensors, config, inputs, lengths, quick=None):
         return config, ()   # (inside a CUDA graph capture a warm pass's allocations would be captured too)
     needed, later, pending = _warm_pass(forward, tensors, None)
     if not needed:
-        return None, pending + [submit() for submit in later]
+        return None, pending + [submit(True) for submit in later]
     first = any(_future(key) is None for key, _ in needed)   # not submitted by an earlier call
     if quick is not None:
         config = _QuickConfig(quick)
         concurrent.futures.wait([submit() for _, submit in _warm_pass(forward, tensors, config)[0]])
-        tuned = [submit() for _, submit in needed]   # in the background: the call does not wait for them
+        tuned = [submit(True) for _, submit in needed]   # in the background: the call does not wait for them
     else:
         concurrent.futures.wait([submit() for _, submit in needed])
         tuned = []
-    stale_when = tuned + [submit() for submit in later] + pending
+    stale_when = tuned + [submit(True) for submit in later] + pending
     if first:   # on this thread: the compile threads only compile, so no GPU work of ours runs beside the
         # caller's (a CUDA graph captured right after the first call must not see a launch from another thread)
         try:
@@ -222,4 +226,4 @@ def _warm_siblings(forward, inputs, lengths, tensors):
     if siblings is not None:
         needed, later, _ = _warm_pass(forward, siblings, None)
         for submit in [s for _, s in needed] + later:
-            submit()
+            submit(True)

@@ -342,7 +342,8 @@ def _launch(rec, kernel, grid, args, cfg, constexprs):
     compiled = _COMPILED.get(key)
     if _warming():
         if compiled is None and not _compiled(compile_key):
-            _AHEAD.needed.append((compile_key, lambda: _submit(compile_key, first.device, kernel, grid, args, cfg)))
+            _AHEAD.needed.append((compile_key, lambda background=False: _submit(compile_key, first.device, kernel,
+                                                                                grid, args, cfg, background)))
         return
     if compiled is None:
         _wait(compile_key)
@@ -370,7 +371,8 @@ def _gluon_ready(kernel, args, cfg, constexprs, config):
     key = _compile_key(kernel, args, cfg, constexprs)
     future = _future(key)
     if future is None:
-        _after_this_call(lambda: _submit(key, args[0].base.device, kernel, (1, 1, 1), args, cfg))
+        _after_this_call(lambda background=True: _submit(key, args[0].base.device, kernel, (1, 1, 1), args, cfg,
+                                                         background))
         return False
     if not future.done() and _warming():
         _AHEAD.pending.append(future)
