@@ -6,7 +6,7 @@ key block) pair, with the grid axes the predicate reads taken one value at a tim
 empty (no element kept: skipped), full (every element kept: run without the per-element test) or partial.
 The kernel then walks a per-row-block list of partial key blocks and one of full key blocks. A predicate
 that reads only positions is classified once per sizes and block sizes; one that reads tensors (a document
-id per position) again whenever those tensors change (launch.py's _derived_table).
+id per position) again whenever those tensors change (runtime/tables.py's _derived_table).
 
 Nothing here knows what the predicate means: it is whatever the spec's `where` tests.
 """

@@ -45,6 +45,7 @@ import functools
 import math
 import os
 import threading
+import types
 import weakref
 
 import torch
@@ -317,10 +318,11 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
 
 
 def _runtime_source() -> str:
-    """The run-time package's configs.py, ahead.py and launch.py, without their module headers and imports."""
+    """The run-time package's configs.py, ahead.py, launch.py and tables.py, without their module headers and
+    imports."""
     marker = "# ---- copied into every generated module from here on\n"
     here = Path(configs.__file__)
-    texts = [here.read_text()] + [here.with_name(f).read_text() for f in ("ahead.py", "launch.py")]
+    texts = [here.read_text()] + [here.with_name(f).read_text() for f in ("ahead.py", "launch.py", "tables.py")]
     return "\n\n".join(t[t.index(marker) + len(marker):].strip() for t in texts) + "\n"
 
 

@@ -5,8 +5,10 @@ later calls take those once they are ready. A new sequence length therefore neve
 Two tiers of the same plan:
 * **quick** (the module's QUICK over CONFIG, no measured config): one masked loop per pass instead of masked,
   full and masked loops (ONE_LOOP), a split plan's combine as its own kernel (compiled beside the partials'
-  kernel, not inside it), no Gluon kernel; and every integer argument unspecialized (_ANY_LENGTH in
-  launch.py), so that a length of another class, another chunk count or another stride compiles nothing.
+  kernel, not inside it), no Gluon kernel, no software pipelining; and sizes and chunk counts unspecialized
+  (_ANY_LENGTH in launch.py), so that a length of another class or another chunk count compiles nothing.
+  Strides stay specialized (wide loads need them divisible by 16), and in the usual layouts a new length
+  keeps their class.
 * **tuned** (CONFIG with what was measured for the GPU and shape bucket): lengths stay specialized because
   knowing one is a multiple of 16 makes kernels faster (codegen/kernel.py's grid_sizes); Triton compiles
   again for an integer that is 1, a multiple of 16 or neither. After a first call, the tuned kernels of its
@@ -32,8 +34,10 @@ import concurrent.futures
 import math
 import os
 import threading
+import types
 
 import torch
+import triton
 
 # ---- copied into every generated module from here on
 _AHEAD = threading.local()   # a warm pass's requests on this thread (.needed, .later, .pending); .quick: see _setup
@@ -83,8 +87,41 @@ def _submit(key, device, kernel, grid, args, cfg, background=False):
         return compiled
     future = _PENDING.get(key)
     if future is None:
+        launcher = not background and device.type == "cuda" and _binder(kernel, device)
         future = _PENDING[key] = _in_background(device, compile_and_load, background)
+        if launcher:   # its launcher meanwhile, on another thread
+            _in_background(device, lambda: _launcher_ahead(kernel, args, cfg))
     return future
+
+
+def _binder(kernel, device):
+    """Make the kernel's per-device binder here, before two threads would each make one (the second's compiled
+    kernels would land in a cache the launch does not read); False where the kernel has none."""
+    try:
+        with torch.cuda.device(device):
+            kernel.device_caches[triton.runtime.driver.active.get_current_device()]
+        return True
+    except Exception:   # noqa: BLE001 - not a Triton kernel
+        return False
+
+
+def _launcher_ahead(kernel, args, cfg):
+    """Build the launcher Triton compiles for a kernel (a C module per signature, cached on disk; 0.2-0.5 s of
+    a C compiler on an H100's host) while the kernel compiles, so that loading the kernel finds it built. This
+    takes Triton's internals (the kernel's binder, _pack_args, ASTSource, the driver's launcher class); where
+    they differ, or a detail of the compiled kernel changes the launcher (its tensor descriptors' layout),
+    the launcher is built when the kernel loads, as it would be without this."""
+    try:
+        driver = triton.runtime.driver.active
+        backend, binder = kernel.device_caches[driver.get_current_device()][3:]
+        bound, specialization, options = binder(*args, **cfg)
+        _, signature, constexprs, attrs = kernel._pack_args(backend, dict(cfg), bound, specialization, options)
+        meta = types.SimpleNamespace(tensordesc_meta=None, num_ctas=1, global_scratch_size=0, global_scratch_align=1,
+                                     profile_scratch_size=0, profile_scratch_align=1, launch_cooperative_grid=False,
+                                     launch_pdl=False)
+        driver.launcher_cls(kernel.ASTSource(kernel, signature, constexprs, attrs), meta)
+    except Exception:   # noqa: BLE001 - an optimization only
+        pass
 
 
 def _future(key):
