@@ -139,6 +139,8 @@ def _quick_config(gpu: dict) -> dict:
     # the block (EVEN_*) and a fixed row order: nothing the kernel is compiled for depends on the call
     quick["num_stages"] = 1
     quick.update({k: 0 for k in gpu if k.startswith("EVEN_")})
+    if "USE_TMA" in gpu:   # loads through pointers: the launcher, built while the kernel compiles, then fits it
+        quick["USE_TMA"] = 0
     if "ROW_ORDER" in gpu:
         quick["ROW_ORDER"] = gpu["ROW_ORDER"]
     if "COMBINE" in gpu:
