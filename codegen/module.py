@@ -135,6 +135,10 @@ def _quick_config(gpu: dict) -> dict:
     changes -- one masked loop per pass, a split plan's combine in its own kernel, the Triton kernel rather
     than the Gluon one."""
     quick = {"ONE_LOOP": 1} if "ONE_LOOP" in gpu else {}
+    # tiles of matrix products at half the side, in 4 warps: a smaller kernel for LLVM and ptxas
+    quick.update({k: v // 2 for k, v in gpu.items() if k.startswith("BLOCK_") and 64 <= v <= 256})
+    if any(k.startswith("BLOCK_") for k in quick):
+        quick["num_warps"] = 4
     # no software pipelining (a third less to compile), no bound tests dropped for lengths that are a multiple of
     # the block (EVEN_*) and a fixed row order: nothing the kernel is compiled for depends on the call
     quick["num_stages"] = 1
