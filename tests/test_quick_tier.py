@@ -1,6 +1,8 @@
 """The quick tier a first call runs on a GPU (runtime/ahead.py): the same plan with one masked loop per pass
 (ONE_LOOP), a split plan's combine in its own kernel and no Gluon kernel. Each shipped spec's quick config,
 under the interpreter, against float64 and against the tuned config's output."""
+import threading
+
 import pytest
 import torch
 
@@ -58,3 +60,62 @@ def test_the_quick_config_of_a_listed_mask_matches_float64(tmp_path, name, mask,
     ref = evaluate(result.spec, inputs)
     assert not torch.isnan(quick).any()
     assert (quick.double() - ref).abs().max().item() <= tolerance(result.spec.output_dtype)
+
+
+def quick_compiles(mod) -> int:
+    """How many compiled kernels the module's quick-tier twins hold."""
+    return sum(len(caches[0]) for twin, _ in mod._ANY_LENGTH.values() if hasattr(twin, "device_caches")
+               for caches in twin.device_caches.values())
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="Triton compiles kernels on a GPU only")
+@pytest.mark.parametrize("name, length, first, later", [("causal_pf", "S", {"B": 1, "S": 64}, [65, 100, 1000]),
+                                                        ("gqa_dc", "SKV", {"B": 1, "Q": 1, "SKV": 1000},
+                                                         [1009, 4096, 77])])
+def test_right_after_a_first_call_new_lengths_run_the_quick_kernels_compiled_once(name, length, first, later,
+                                                                                 monkeypatch):
+    """Before the tuned kernels are ready (compiling ahead on, nothing waited for), calls at lengths of both
+    classes and other chunk counts take the quick kernels the first call compiled: nothing compiles again."""
+    monkeypatch.setenv("NEPTUNE_EQSAT_COMPILE_AHEAD", "1")
+    path = str(SPECS / f"{name}.py")
+    result, mod = compiled(path)
+    mod.wait_for_compiles()
+    mod._PENDING.clear(), mod._COMPILED.clear(), mod._REPLAYS.clear()   # as a fresh process would hold them
+    gate, submit = threading.Event(), mod._in_background
+
+    def held_back(device, job, background=False):   # the tuned kernels stay compiling until the calls are done
+        return submit(device, (lambda: (gate.wait(120), job())[1]) if background else job, background)
+    monkeypatch.setattr(mod, "_in_background", held_back)
+    before = None
+    for n in [first[length]] + later:
+        sizes = dict(first, **{length: n})
+        inputs = random_inputs(result.spec, sizes, seed=n)
+        out = on_device(mod.forward, *inputs.values())
+        assert (out.double() - evaluate(result.spec, inputs)).abs().max().item() <= tolerance(result.spec.output_dtype)
+        before = quick_compiles(mod) if before is None else before
+    assert quick_compiles(mod) == before
+    gate.set()
+    mod.wait_for_compiles()
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
+def test_a_cuda_graph_captured_while_the_tuned_kernels_compile(monkeypatch):
+    """A caller capturing CUDA graphs (globally, as torch does by default) right after a first call: the
+    background compiles make no CUDA call that would break the capture (they do not load their kernels)."""
+    monkeypatch.setenv("NEPTUNE_EQSAT_COMPILE_AHEAD", "1")
+    path = str(SPECS / "causal_dc.py")
+    result, mod = compiled(path)
+    mod.wait_for_compiles()
+    mod._PENDING.clear(), mod._COMPILED.clear(), mod._REPLAYS.clear()
+    inputs = random_inputs(result.spec, {"B": 1, "Q": 1, "SKV": 3000}, seed=1)
+    on_device(mod.forward, *inputs.values())
+    x = torch.ones(1024, device="cuda")
+    captured = 0
+    while any(not f.done() for f in mod._BACKGROUND) or captured < 3:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = x * 2
+        graph.replay()
+        captured += 1
+    torch.cuda.synchronize()
+    assert y.sum().item() == 2048 and captured >= 3

@@ -19,9 +19,10 @@ is ready, then recorded again (launch.py's _replay).
 
 Triton's compile releases the interpreter lock for much of its work (MLIR, LLVM, ptxas): on an H100's host
 the calling thread kept 58-102% of its Python progress while a kernel compiled on another. Its Python parts
-still contend, so compiles that nothing waits for start after the call's own. A compile thread also loads
-the kernel and builds its launcher (a C module Triton compiles per signature), work a first launch would
-otherwise do on the calling thread.
+still contend, so compiles that nothing waits for start after the call's own, one at a time. A compile thread
+also builds the kernel's launcher (a C module Triton compiles per signature; for a compile the call waits for,
+on another thread while the kernel compiles) and, for a kernel the call waits for, loads it: work a first
+launch would otherwise do on the calling thread.
 
 A warm pass runs the module's forward with the launches replaced by compile requests (no kernel runs, no
 replay is recorded, no CUDA graph is captured). Warm passes run on the calling thread: the compile threads
@@ -77,11 +78,16 @@ def _in_background(device, job, background=False):
 
 def _submit(key, device, kernel, grid, args, cfg, background=False):
     """The Future of compiling `kernel` for these arguments (Triton's warmup: compile, keep, do not launch),
-    then loading it and building its launcher; one per compile key. `background`: nothing waits for it yet."""
+    then building its launcher and, where the caller waits for it, loading it; one per compile key.
+    `background`: nothing waits for it yet."""
     def compile_and_load():
         compiled = kernel.warmup(*args, grid=grid, **cfg)
         try:
-            compiled._init_handles()
+            if background:   # its launcher only: loading it into the GPU's context (a CUDA call) while the
+                # caller captures a CUDA graph on another thread would break that capture
+                triton.runtime.driver.active.launcher_cls(compiled.src, compiled.metadata)
+            else:   # the caller waits for it: loaded here, launched at once there
+                compiled._init_handles()
         except Exception:   # noqa: BLE001 - out of shared memory, say: the launch raises it where it is handled
             pass
         return compiled
