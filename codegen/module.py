@@ -137,6 +137,9 @@ def _quick_config(gpu: dict) -> dict:
     quick = {"ONE_LOOP": 1} if "ONE_LOOP" in gpu else {}
     # tiles of matrix products at half the side, in 4 warps: a smaller kernel for LLVM and ptxas
     quick.update({k: v // 2 for k, v in gpu.items() if k.startswith("BLOCK_") and 64 <= v <= 256})
+    # a loop block the launcher would size to the row (0, defaults.whole_row_lines): fixed, so that a new row
+    # length compiles nothing
+    quick.update({k: VECTOR_ROWS_CONFIG["loop"] for k, v in gpu.items() if k.startswith("BLOCK_") and v == 0})
     if any(k.startswith("BLOCK_") for k in quick):
         quick["num_warps"] = 4
     # no software pipelining (a third less to compile), no bound tests dropped for lengths that are a multiple of

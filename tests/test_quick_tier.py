@@ -32,6 +32,7 @@ def test_the_quick_config_matches_float64(name):
         assert mod.QUICK["COMBINE"]["in_kernel"] == 0
     if "BACKEND" in mod.CONFIG:
         assert mod.QUICK["BACKEND"] == "triton"
+    assert all(v != 0 for k, v in {**mod.CONFIG, **mod.QUICK}.items() if k.startswith("BLOCK_"))   # no row-sized block
     inputs = random_inputs(result.spec, {d: SIZES[d] for d in SIZES if d in result.spec.dims_}, seed=5)
     quick = on_device(mod.forward, *inputs.values(), config=quick_config(mod))
     tuned = on_device(mod.forward, *inputs.values())
@@ -71,7 +72,8 @@ def quick_compiles(mod) -> int:
 @pytest.mark.skipif(DEVICE != "cuda", reason="Triton compiles kernels on a GPU only")
 @pytest.mark.parametrize("name, length, first, later", [("causal_pf", "S", {"B": 1, "S": 64}, [65, 100, 1000]),
                                                         ("gqa_dc", "SKV", {"B": 1, "Q": 1, "SKV": 1000},
-                                                         [1009, 4096, 77])])
+                                                         [1009, 4096, 77]),
+                                                        ("softmax", "N", {"R": 4, "N": 1000}, [1500, 3000, 77])])
 def test_right_after_a_first_call_new_lengths_run_the_quick_kernels_compiled_once(name, length, first, later,
                                                                                  monkeypatch):
     """Before the tuned kernels are ready (compiling ahead on, nothing waited for), calls at lengths of both
