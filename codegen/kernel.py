@@ -190,7 +190,10 @@ class KernelWriter(Loads, TileReductions):
             c, a, b = (self.emit(x, prev) for x in ar)
             axes = self.canon(set(c.axes) | set(a.axes) | set(b.axes))
             a, b = self.as_float(a), self.as_float(b)
-            code = f"{self.lang}.where({self.expand(c, axes)}, {self.expand(a, axes)}, {self.expand(b, axes)})"
+            cond = self.expand(c, axes)
+            if c.dtype != "bool":   # a number as a condition (a bit operation's): true where nonzero
+                cond = f"({cond} != 0)"
+            code = f"{self.lang}.where({cond}, {self.expand(a, axes)}, {self.expand(b, axes)})"
             return Val(self.put(blk, code), axes, "f32")
         if op in ("red", "roll", "split"):
             if at[1] == self.loop:
@@ -208,6 +211,8 @@ class KernelWriter(Loads, TileReductions):
         if fn in BIT_OPS:   # ids stored as floats (captured integer tensors) taken back to integers
             xs = [x if x.dtype in ("int", "bool") else Val(f"({x.code}).to({self.lang}.int32)", x.axes, "int")
                   for x in xs]
+        if fn in ir.LOGIC:   # a number as a truth value (a mask combined with a constant 1): true where nonzero
+            xs = [x if x.dtype == "bool" else Val(f"({x.code} != 0)", x.axes, "bool") for x in xs]
         ints = all(x.dtype in ("int", "bool") for x in xs)
         if ints and fn == "div":   # a true division of integers (h / 8): in fp32, like torch
             xs, ints = [self.int_as_float(xs[0]), xs[1]], False
