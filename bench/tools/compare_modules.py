@@ -4,11 +4,16 @@ checked against the benchmark's float64 reference, and are timed in turns (--rou
 weighs on both alike. Prints each pair and the ratio after / before (above 1: the change is faster).
 
     python -m bench.tools.compare_modules --before DIR --after DIR [--ops softcap_pf,softcap_dc]
-                                          [--seqs 1024,4096,16384] [--kv 4096,32768] [--rounds 5]
+                                          [--seqs 1024,4096,16384] [--kv 4096,32768] [--rounds 5] [--after-quick]
+
+--after-quick runs the after side's quick tier (its QUICK config: the kernels a first call runs while the tuned
+ones compile, runtime/ahead.py), e.g. against the same folder as before, to see what those calls cost.
 """
 import argparse
 import dataclasses
+import functools
 import sys
+import types
 from pathlib import Path
 
 import torch
@@ -26,6 +31,7 @@ def main() -> None:
     ap.add_argument("--seqs", type=attention.int_list, default=[1024, 4096, 16384])
     ap.add_argument("--kv", type=attention.int_list, default=[4096, 32768])
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--after-quick", action="store_true", help="the after side runs its modules' quick tier")
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), f"torch {torch.__version__}", flush=True)
     timer = attention.cuda_timer(50, 300)
@@ -34,6 +40,9 @@ def main() -> None:
         op = attention.OPS[name]
         for side in SIDES:
             module = attention.load_module(Path(getattr(args, side)) / f"{name}.py")
+            if side == "after" and args.after_quick:
+                module = types.SimpleNamespace(forward=functools.partial(
+                    module.forward, config=module._QuickConfig(module.QUICK)))
             attention.BUILDERS[side] = (
                 lambda case, module=module: attention.neptune(dataclasses.replace(case, module=module)))
         for S in (args.seqs if op.mode == "prefill" else args.kv):
