@@ -25,6 +25,12 @@ LOADER = textwrap.dedent('''
         return _MODULES[name]
 
 
+    def wait_for_compiles():
+        """Block until the background compiles of every kernel module loaded so far have finished."""
+        for mod in list(_MODULES.values()):
+            mod.wait_for_compiles()
+
+
     def _run(name, t, reads):
         """Module `name`'s forward on the tensors of `t` it reads, each in the dtype its spec declares."""
         return _module(name).forward(*(t[n].to(dtype).contiguous() for n, dtype in reads))

@@ -121,3 +121,18 @@ def test_a_cuda_graph_captured_while_the_tuned_kernels_compile(monkeypatch):
         captured += 1
     torch.cuda.synchronize()
     assert y.sum().item() == 2048 and captured >= 3
+
+
+def test_wait_for_compiles_waits_for_every_loaded_module():
+    """neptune_eqsat.wait_for_compiles(): the background compiles of each generated module loaded (here a job
+    on one module's background thread), including the modules a staged module carries."""
+    import time
+
+    import neptune_eqsat
+    _, mod = compiled(str(SPECS / "causal_pf.py"))
+    _, staged = compiled(str(SPECS / "joint_softmax.py"))
+    assert callable(staged.wait_for_compiles)
+    done = []
+    mod._in_background(torch.device("cpu"), lambda: (time.sleep(0.2), done.append(1)), True)
+    neptune_eqsat.wait_for_compiles()
+    assert done == [1]

@@ -25,10 +25,23 @@ def load_module(source: str, name: str) -> ModuleType:
     return import_file(path, mod_name)
 
 
+_LOADED: list[ModuleType] = []   # every generated module imported here, in order
+
+
 def import_file(path: Path, name: str) -> ModuleType:
     """Import the module at `path` as `name`; it is registered once it has run (a module that fails is not)."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     sys.modules[name] = module
+    _LOADED.append(module)
     return module
+
+
+def wait_for_compiles() -> None:
+    """Block until every background compile of the generated modules loaded so far has finished: the tuned
+    kernels that replace a first call's quick ones (runtime/ahead.py). Time calls after this."""
+    for module in list(_LOADED):
+        wait = getattr(module, "wait_for_compiles", None)
+        if wait is not None:
+            wait()
