@@ -5,7 +5,8 @@ later calls take those once they are ready. A new sequence length therefore neve
 Two tiers of the same plan:
 * **quick** (the module's QUICK over CONFIG, no measured config): one masked loop per pass instead of masked,
   full and masked loops (ONE_LOOP), a split plan's combine as its own kernel (compiled beside the partials'
-  kernel, not inside it), no Gluon kernel, no software pipelining; and sizes and chunk counts unspecialized
+  kernel, not inside it), matrix-product tiles at half the side in 4 warps, no software pipelining, loads
+  through pointers, no Gluon kernel; and sizes and chunk counts unspecialized
   (_ANY_LENGTH in launch.py), so that a length of another class or another chunk count compiles nothing.
   Strides stay specialized (wide loads need them divisible by 16), and in the usual layouts a new length
   keeps their class.
@@ -26,8 +27,8 @@ launch would otherwise do on the calling thread.
 
 A warm pass runs the module's forward with the launches replaced by compile requests (no kernel runs, no
 replay is recorded, no CUDA graph is captured). Warm passes run on the calling thread: the compile threads
-only compile, so none of our GPU work runs beside the caller's (a CUDA graph it captures right after must not
-see another thread's launch). Calls with a config of their own do none of this, and
+launch nothing and load a kernel only while the caller waits for it, so none of our GPU work runs beside the
+caller's (a CUDA graph it captures right after must not see another thread's launch or module load). Calls with a config of their own do none of this, and
 NEPTUNE_EQSAT_COMPILE_AHEAD=0 turns it off for all calls: every kernel then compiles when it first launches,
 as Triton does by itself.
 """
