@@ -251,7 +251,7 @@ def _specialization(a):
 def _launch(rec, kernel, grid, args, cfg, constexprs):
     """Launch a kernel; on the GPU keep the compiled kernel per argument specialization. In a warm pass
     (ahead.py) request its compile instead; a launch whose compile runs in the background waits for it. A
-    call of the quick tier launches the kernel's twin that no integer argument specializes."""
+    call of the quick tier launches the kernel's twin that no size or chunk count specializes."""
     first = args[0].base if _is_descriptor(args[0]) else args[0]
     if first.device.type != "cuda" or not _replay_enabled():
         _fitted(kernel, grid, args, cfg)
