@@ -4,7 +4,6 @@ The module imports only torch, triton and the standard library.
 """
 from __future__ import annotations
 
-import re
 import textwrap
 from pathlib import Path
 
@@ -108,10 +107,14 @@ def forward({args}, *, config=None):
 TORCH_DTYPE = {"f16": "torch.float16", "bf16": "torch.bfloat16", "f32": "torch.float32", "f64": "torch.float64"}
 
 
-def _f32_dot_default(w: KernelWriter, gpu: dict, cpu: dict) -> None:
-    """Matrix products of fp32 operands multiply in full fp32 unless the config asks for TF32."""
+def _switch_defaults(w: KernelWriter, gpu: dict, cpu: dict) -> None:
+    """The defaults of a kernel's switches: matrix products of fp32 operands multiply in full fp32 unless the
+    config asks for TF32 (F32_DOT); passes split into masked and full blocks unless a first call's quick tier
+    asks for one masked loop (ONE_LOOP)."""
     if w.f32_dot:
         gpu["F32_DOT"] = cpu["F32_DOT"] = "ieee"
+    if w.one_loop:
+        gpu["ONE_LOOP"] = cpu["ONE_LOOP"] = 0
 
 
 def _length_params(w: KernelWriter, params: list[str]) -> list[str]:
@@ -119,21 +122,20 @@ def _length_params(w: KernelWriter, params: list[str]) -> list[str]:
     descriptors or strides. Strides stay specialized: a stride divisible by 16 lets rows load in wide
     vectors, and in the usual layouts (an inner dimension a multiple of 16) a new length keeps its class."""
     descriptors = {param for param, _, _ in w.descriptors.values()}
-    stride = re.compile(r".+_s\d+$")
-    return [p for p in params if not (p.endswith("_ptr") or p in descriptors or stride.match(p))]
+    return [p for p in params if not (p.endswith("_ptr") or p in descriptors or _stride_of(p))]
 
 
 def _any_length_source(kernels: list[tuple[str, list[str]]]) -> str:
     """The quick tier's twins of the module's Triton kernels (name, length parameters): runtime/ahead.py."""
-    lines = ["# the Triton kernels as a first call's quick tier runs them: compiled once for every length", "_ANY_LENGTH.update({"]
+    lines = ["# the Triton kernels as a first call's quick tier runs them: compiled once for every length",
+             "_ANY_LENGTH.update({"]
     lines += [f"    {name}: _any_length({name}, {params!r})," for name, params in kernels]
     return "\n".join(lines + ["})", "", ""])
 
 
 def _quick_config(gpu: dict) -> dict:
     """QUICK: what a first call changes in CONFIG to run kernels that compile fast and whose compile no length
-    changes -- one masked loop per pass, a split plan's combine in its own kernel, the Triton kernel rather
-    than the Gluon one."""
+    or mask data changes (each entry below says which)."""
     quick = {"ONE_LOOP": 1} if "ONE_LOOP" in gpu else {}
     # tiles of matrix products at half the side, in 4 warps: a smaller kernel for LLVM and ptxas
     quick.update({k: v // 2 for k, v in gpu.items() if k.startswith("BLOCK_") and 64 <= v <= 256})
@@ -162,16 +164,22 @@ def _grid(w: KernelWriter, sched: Schedule, cfg: str) -> tuple[str, str]:
     return rows, " * ".join([w.ext(g) for g in sched.grid]) or "1"
 
 
+def _stride_of(param: str) -> tuple[str, int] | None:
+    """(tensor, dimension) for a kernel parameter naming a stride (X_s<k>); None for any other."""
+    stem, _, k = param.rpartition("_s")
+    return (stem, int(k)) if stem and k.isdigit() else None
+
+
 def _call_args(params: list[str]) -> str:
     """The launcher's argument list for a kernel's parameters: tensors for X_ptr, their strides, then sizes."""
     args = []
     for p in params:
-        stem, _, k = p.rpartition("_s")
+        stride = _stride_of(p)
         if p.endswith("_ptr"):
             args.append(p[:-4])
-        elif stem and k.isdigit():
-            if k == "0":
-                args.append(f"*{stem}.stride()")
+        elif stride is not None:
+            if stride[1] == 0:
+                args.append(f"*{stride[0]}.stride()")
         else:
             args.append(p)
     return ", ".join(args)
@@ -244,7 +252,8 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
     if sched.split:
         kernels, w, launch, dims_used, combine_launch, cw = _split_parts(sched, plan.combine, name, out_alloc, gpu,
                                                                           cpu)
-        twins = [(f"{name}_kernel", _length_params(w, w.params)), (f"{name}_combine_kernel", _length_params(cw, cw.params))]
+        twins = [(f"{name}_kernel", _length_params(w, w.params)),
+                 (f"{name}_combine_kernel", _length_params(cw, cw.params))]
         # the block lists are built before the partial-results kernel launches (after the output's allocation)
         at = launch.index(out_alloc)
         launch[at + 1:at + 1] = [blocks.builder_call(t, w, "kernel_cfg") for t in w.tables.values()]
@@ -255,9 +264,7 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
         kernel, w = kernel_source(sched, name)
         kernels, dims_used = kernel, w.dims
         twins = [(f"{name}_kernel", _length_params(w, w.params))]
-        _f32_dot_default(w, gpu, cpu)
-        if w.one_loop:
-            gpu["ONE_LOOP"] = cpu["ONE_LOOP"] = 0
+        _switch_defaults(w, gpu, cpu)
         if w.descriptors:
             gpu["USE_TMA"] = cpu["USE_TMA"] = 1
         rows, rest = _grid(w, sched, "cfg")
@@ -341,17 +348,14 @@ def _split_parts(sched: Schedule, comb: Combine, name: str, out_alloc: str, gpu:
     cname = f"{name}_combine"
     tile_src, cw = kernel_source(comb.sched, cname, tile=True)
     part_src, w = kernel_source(sched, name, comb.partials, combine=cw)
-    _f32_dot_default(w, gpu, cpu)
+    _switch_defaults(w, gpu, cpu)
     wrapper = (f"{jit_decorator('triton', grid_sizes(cw, cw.params))}\ndef {cname}_kernel(\n    {', '.join(cw.params)},\n    "
                + ", ".join(f"{c}: tl.constexpr" for c in cw.constexprs) + ",\n):\n"
                + f"    {cname}_tile(tl.program_id(0), tl.program_id(1), {', '.join(cw.params + cw.constexprs)})\n")
     row, crow, chunks = f"BLOCK_{sched.row.upper()}", f"BLOCK_{comb.sched.row.upper()}", f"BLOCK_{comb.chunk_axis.upper()}"
     cgpu = {"in_kernel": 1, **COMBINE_GPU, crow: 8, chunks: 16}
     ccpu = {"in_kernel": 1, **COMBINE_CPU, crow: 2, chunks: 4}
-    if cw.one_loop:
-        cgpu["ONE_LOOP"] = ccpu["ONE_LOOP"] = 0
-    if w.one_loop:
-        gpu["ONE_LOOP"] = cpu["ONE_LOOP"] = 0
+    _switch_defaults(cw, cgpu, ccpu)
     for a in comb.sched.chunked:   # a long reduction the combine finishes (a label's logit), in its own loop
         cgpu[f"BLOCK_{a.upper()}"], ccpu[f"BLOCK_{a.upper()}"] = 64, 16
     # few query rows: the smallest tile the matrix units take; a row at a time where there is no matrix product;

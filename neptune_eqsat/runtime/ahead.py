@@ -28,9 +28,9 @@ launch would otherwise do on the calling thread.
 A warm pass runs the module's forward with the launches replaced by compile requests (no kernel runs, no
 replay is recorded, no CUDA graph is captured). Warm passes run on the calling thread: the compile threads
 launch nothing and load a kernel only while the caller waits for it, so none of our GPU work runs beside the
-caller's (a CUDA graph it captures right after must not see another thread's launch or module load). Calls with a config of their own do none of this, and
-NEPTUNE_EQSAT_COMPILE_AHEAD=0 turns it off for all calls: every kernel then compiles when it first launches,
-as Triton does by itself.
+caller's (a CUDA graph it captures right after must not see another thread's launch or module load). Calls
+with a config of their own do none of this, and NEPTUNE_EQSAT_COMPILE_AHEAD=0 turns it off for all calls:
+every kernel then compiles when it first launches, as Triton does by itself.
 """
 import concurrent.futures
 import math
@@ -254,8 +254,8 @@ def _compile_ahead(forward, tensors, config, inputs, lengths, quick=None):
         concurrent.futures.wait([submit() for _, submit in needed])
         tuned = []
     stale_when = tuned + [submit(True) for submit in later] + pending
-    if first:   # on this thread: the compile threads only compile, so no GPU work of ours runs beside the
-        # caller's (a CUDA graph captured right after the first call must not see a launch from another thread)
+    if first:   # on this thread, as every warm pass: its zero inputs are GPU work, which no other thread of
+        # ours does beside the caller's
         try:
             _warm_siblings(forward, inputs, lengths, tensors)
         except Exception:   # noqa: BLE001 - out of memory for the zero inputs, say: the call goes on without it
