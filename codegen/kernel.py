@@ -169,8 +169,10 @@ class KernelWriter(Loads, TileReductions):
             raise SpecError(f"cannot hold {ir.show(t)[:80]} in tile order {want}")
         if op == "cast":
             x = self.emit(ar[0], prev)
-            if ar[0].op == "const":   # a Python number has no .to
-                return Val(self.put(blk, f"{self.lang}.full([], {x.code}, {dtype_code(self.lang, at[0])})"), (), at[0])
+            if ar[0].op == "const":   # a Python number has no .to; made in fp32 and cast, as Triton's interpreter
+                # makes no bf16 constant
+                code = f"{self.lang}.full([], {x.code}, {self.lang}.float32).to({dtype_code(self.lang, at[0])})"
+                return Val(self.put(blk, code), (), at[0])
             return Val(self.put(blk, f"{x.code}.to({dtype_code(self.lang, at[0])})"), x.axes, at[0])
         if op == "un":
             x = self.emit(ar[0], prev)

@@ -59,6 +59,17 @@ def test_bf16_products_are_right_under_the_interpreter():
     assert err <= tolerance("bf16")
 
 
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "f32"])
+def test_a_constant_cast_to_the_inputs_dtype(dtype):
+    """sigmoid attention multiplies V by cast(1, dtype): a constant made in the kernel's dtype, which Triton's
+    interpreter cannot make in bf16 directly."""
+    result, mod = compile_retyped("sigmoid_attention", dtype)
+    assert "tl.full([], 1" in result.source
+    inputs = random_inputs(result.spec, {"B": 1, "S": 21}, seed=4)
+    err = (on_device(mod.forward, *inputs.values()).double() - evaluate(result.spec, inputs)).abs().max().item()
+    assert err <= tolerance(dtype)
+
+
 def test_retyped_keeps_other_dtypes(tmp_path):
     spec = load_spec(SPECS / "alibi_pf.py").retyped("bf16")
     assert {n: t.dtype for n, t in spec.inputs.items()} == {"q": "bf16", "k": "bf16", "v": "bf16", "slope": "f32"}
