@@ -18,7 +18,7 @@ from pathlib import Path
 from neptune_eqsat import ir
 from neptune_eqsat.ir import Term
 
-from . import masks
+from . import block_kernel, masks
 
 
 @dataclass(frozen=True)
@@ -206,10 +206,15 @@ def order_code(table: BlockTable, w) -> str:
 
 
 def helpers_source(w) -> str:
-    """The interval runtime and the builders of the kernel's tables, for the generated module ("" if none)."""
-    if not w.tables:
-        return ""
-    return runtime_source() + "\n\n" + "\n\n".join(builder_source(t, w) for t in w.tables.values()) + "\n\n"
+    """The builders of the kernel's tables, for the generated module ("" if none): a mask of positions only in
+    torch operations over the interval runtime (built once per sizes), a mask that reads tensors as one
+    classifying kernel (built again whenever they change)."""
+    positions = [t for t in w.tables.values() if not t.tensors]
+    reading = [t for t in w.tables.values() if t.tensors]
+    parts = ([runtime_source()] if positions else []) + ([block_kernel.ORDER_SOURCE] if reading else [])
+    parts += [builder_source(t, w) for t in positions]
+    parts += [block_kernel.kernel_source(t, w, builder_sizes(t, w)) for t in reading]
+    return "\n\n".join(parts) + "\n\n" if parts else ""
 
 
 def runtime_source() -> str:

@@ -1,6 +1,9 @@
-"""Block classification (codegen/blocks.py, codegen/intervals.py) is sound: a block classed empty keeps no
-element, one classed full masks none (and lies wholly inside the keys), for random predicates over positions
-and random captured data, checked by evaluating every element."""
+"""Block classification (codegen/blocks.py, codegen/intervals.py, codegen/block_kernel.py) is sound: a block
+classed empty keeps no element, one classed full masks none (and lies wholly inside the keys), for random
+predicates over positions and random captured data, checked by evaluating every element. Both builders are
+checked: the torch operations that build a mask of positions' table once per sizes, and the one kernel that
+builds the table of a mask reading tensors at every call (under Triton's interpreter here), which must give
+the same classes where it reads every tensor at exact indices."""
 from __future__ import annotations
 
 import types
@@ -10,9 +13,11 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from neptune_eqsat.codegen import blocks, intervals
+from conftest import DEVICE
+from neptune_eqsat.codegen import block_kernel, blocks, intervals, module
 from neptune_eqsat.codegen.masks import evaluate
 from neptune_eqsat import ir
+from neptune_eqsat.runtime.loader import load_module
 
 H, N_DOC = 3, 23     # grid axis h, length of the captured 1-d tensor
 WRITER = types.SimpleNamespace(row="i", loop="j", ext=lambda a: {"i": "L", "j": "S", "h": str(H)}[a])
@@ -46,6 +51,8 @@ def numbers(depth: int):
         .map(lambda x: ir.bin(x[0], ir.un("abs", x[1]), ir.un("abs", x[2]))),
         sub.map(lambda a: ir.un("abs", a)),
         sub.map(lambda a: ir.un("neg", a)),
+        st.tuples(st.sampled_from(["exp", "tanh", "sqrt", "floor", "recip", "logistic2"]), sub).map(
+            lambda x: ir.un(*x)),
         sub.map(lambda a: ir.load("doc", _clamped(a, N_DOC))),
         st.tuples(sub, sub).map(lambda x: ir.load("table", _clamped(ir.axis("h"), H), _clamped(x[1], N_DOC))),
         st.tuples(conditions(depth - 1), sub, sub).map(lambda x: ir.where(*x)),
@@ -61,23 +68,58 @@ def conditions(depth: int):
                      sub.map(lambda a: ir.un("not", a)))
 
 
-def classify(pred: ir.Term, L: int, S: int, bm: int, bn: int, tensors: dict) -> np.ndarray:
+_HEADER = """import concurrent.futures
+import functools
+import math
+import os
+import threading
+import types
+import weakref
+
+import torch
+import triton
+import triton.language as tl
+
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+"""
+
+
+def build_lists(pred: ir.Term, L: int, S: int, bm: int, bn: int, tensors: dict, kind: str = "torch",
+                grid: tuple = None) -> np.ndarray:
+    """The flat block lists from the generated builder of `kind`: "torch" (intervals.py) or "kernel"
+    (block_kernel.py, one Triton launch)."""
+    grid = (("h",) if "h" in pred.free else ()) if grid is None else grid
+    table = blocks.BlockTable(pred, "blocks0", "build", grid)
+    if kind == "torch":
+        scope: dict = {"torch": torch, "math": __import__("math")}
+        exec(blocks.runtime_source() + "\n" + blocks.builder_source(table, WRITER), scope)
+        build = scope["build"]
+    else:   # on the test device: compiled for the GPU there
+        tensors = {n: t.to(DEVICE) for n, t in tensors.items()}
+        source = _HEADER + module._runtime_source() + "\n\n" + block_kernel.ORDER_SOURCE + "\n\n" + \
+            block_kernel.kernel_source(table, WRITER, _sizes(table))
+        build = load_module(source, "block_classes").build
+    used = [tensors[n] for n in table.tensors]
+    sizes = {"L": L, "S": S, str(H): H}
+    device = torch.device("cpu" if kind == "torch" else DEVICE)
+    return build(bm, bn, device, *[sizes[s] for s in _sizes(table)], *used).cpu().numpy()
+
+
+def classify(pred: ir.Term, L: int, S: int, bm: int, bn: int, tensors: dict, kind: str = "torch") -> np.ndarray:
     """Class per (h, row block, key block) from the generated builder: 0 empty, 1 partial, 2 full."""
     grid = ("h",) if "h" in pred.free else ()
-    table = blocks.BlockTable(pred, "blocks0", "build", grid)
-    scope: dict = {"torch": torch, "math": __import__("math")}
-    exec(blocks.runtime_source() + "\n" + blocks.builder_source(table, WRITER), scope)
-    used = [tensors[n] for n in table.tensors]
-    lists = scope["build"](bm, bn, torch.device("cpu"), *[{"L": L, "S": S}[s] for s in _sizes(table)], *used)
+    flat = build_lists(pred, L, S, bm, bn, tensors, kind)
     n_kb, n_rb = -(-S // bn), -(-L // bm)
     entries = (H if grid else 1) * n_rb
-    flat = lists.numpy()
-    order = flat[entries * 2 * (n_kb + 1):-1]
+    order = flat[entries * 2 * (n_kb + 1):][:n_rb]
     assert sorted(order) == list(range(n_rb))   # every row block once, in the order programs take them
     cls = np.zeros((entries, n_kb), dtype=np.int64)
     for row, entry in enumerate(flat[:entries * 2 * (n_kb + 1)].reshape(entries, 2, n_kb + 1)):
-        for slot, kind in ((0, 1), (1, 2)):
-            cls[row, entry[slot, 1:1 + entry[slot, 0]]] = kind
+        for slot, kind_ in ((0, 1), (1, 2)):
+            listed = entry[slot, 1:1 + entry[slot, 0]]
+            assert list(listed) == sorted(set(listed)), "a list out of order or with a block twice"
+            cls[row, listed] = kind_
+    assert not ((cls == 1) & (cls == 2)).any()
     return cls.reshape((H if grid else 1), -(-L // bm), n_kb)
 
 
@@ -105,8 +147,8 @@ def brute_force(pred: ir.Term, L: int, S: int, tensors: dict) -> np.ndarray:
         return np.broadcast_to(evaluate(pred, leaf) != 0, h.shape)
 
 
-def check_sound(pred, L, S, bm, bn, tensors) -> np.ndarray:
-    cls = classify(pred, L, S, bm, bn, tensors)
+def check_sound(pred, L, S, bm, bn, tensors, kind="torch") -> np.ndarray:
+    cls = classify(pred, L, S, bm, bn, tensors, kind)
     truth = brute_force(pred, L, S, tensors)
     for hh in range(H):
         for rb in range(-(-L // bm)):
@@ -133,11 +175,36 @@ def test_random_predicates_are_classified_soundly(pred, L, S, bm, bn, seed):
     check_sound(pred, L, S, bm, bn, random_tensors(seed))
 
 
-def test_document_mask_skips_other_documents_and_runs_inner_blocks_unmasked():
+def _reads_exactly(pred: ir.Term) -> bool:
+    """Does every read of a tensor take indices of at most one of rows and keys (as a mask that reads tensors
+    does: codegen/blocks.py's table_predicate)? The kernel reads those at exact indices."""
+    return all(len(t.free & {"i", "j"}) < 2 for t in ir.walk(pred) if t.op == "load")
+
+
+@settings(max_examples=60, deadline=None)
+@given(conditions(2), st.integers(1, 40), st.integers(1, 40), st.sampled_from([1, 4, 8]),
+       st.sampled_from([1, 4, 16]), st.integers(0, 2**16))
+def test_the_classifying_kernel_is_sound_and_agrees_with_the_torch_builder(pred, L, S, bm, bn, seed):
+    """The one-launch builder of a mask reading tensors, under the interpreter: sound for any predicate, and
+    where every read is at exact indices, the same classes and row order as the torch builder."""
+    tensors = random_tensors(seed)
+    got = check_sound(pred, L, S, bm, bn, tensors, "kernel")
+    if _reads_exactly(pred):
+        assert (got == classify(pred, L, S, bm, bn, tensors)).all()
+        n_rb, n_kb = -(-L // bm), -(-S // bn)
+        entries = (H if "h" in pred.free else 1) * n_rb
+        tail = entries * 2 * (n_kb + 1)
+        torch_lists = build_lists(pred, L, S, bm, bn, tensors)
+        kernel_lists = build_lists(pred, L, S, bm, bn, tensors, "kernel")
+        assert (kernel_lists[tail:tail + n_rb + 1] == torch_lists[tail:]).all(), "row order or skew flag differs"
+
+
+@pytest.mark.parametrize("kind", ["torch", "kernel"])
+def test_document_mask_skips_other_documents_and_runs_inner_blocks_unmasked(kind):
     doc = torch.tensor([0] * 16 + [1] * 24 + [2] * 8).float()
     i, j = ir.axis("i"), ir.axis("j")
     pred = ir.bin("and", ir.bin("eq", ir.load("doc", i), ir.load("doc", j)), ir.bin("ge", i, j))
-    cls = check_sound(pred, 48, 48, 8, 8, {"doc": doc})[0]
+    cls = check_sound(pred, 48, 48, 8, 8, {"doc": doc}, kind)[0]
     assert (cls == 0).sum() > 0 and (cls == 2).sum() > 0
     # row block 3 (rows 24-31, document 1, keys 16-39): keys 16-23 all kept, 24-31 causal, the rest empty
     assert list(cls[3]) == [0, 0, 2, 1, 0, 0]
@@ -162,25 +229,18 @@ def test_a_range_minimum_query_answers_intervals_of_any_length():
             assert got_lo[r, k] == seg.min() and got_hi[r, k] == seg.max()
 
 
-def _built(pred: ir.Term, L: int, S: int, bm: int, bn: int, tensors: dict) -> np.ndarray:
-    table = blocks.BlockTable(pred, "blocks0", "build", ())
-    scope: dict = {"torch": torch, "math": __import__("math")}
-    exec(blocks.runtime_source() + "\n" + blocks.builder_source(table, WRITER), scope)
-    return scope["build"](bm, bn, torch.device("cpu"), *[{"L": L, "S": S}[s] for s in _sizes(table)],
-                          *[tensors[n] for n in table.tensors]).numpy()
-
-
-def test_the_row_order_starts_with_the_most_work_and_flags_skew():
+@pytest.mark.parametrize("kind", ["torch", "kernel"])
+def test_the_row_order_starts_with_the_most_work_and_flags_skew(kind):
     """Global tokens: the first row block sees every key, the others a band: it comes first in the order, and
     the work is flagged skewed (programs then start it in every head first); a band alone is not skewed."""
     i, j = ir.axis("i"), ir.axis("j")
     band = ir.bin("le", ir.un("abs", ir.bin("sub", i, j)), ir.const(8))
     tokens = ir.bin("or", ir.bin("or", ir.bin("lt", i, ir.const(4)), ir.bin("lt", j, ir.const(4))), band)
     n_rb = n_kb = 32
-    flat = _built(tokens, 512, 512, 16, 16, {})
-    order, skewed = flat[n_rb * 2 * (n_kb + 1):-1], flat[-1]
+    flat = build_lists(tokens, 512, 512, 16, 16, {}, kind, grid=())
+    order, skewed = flat[n_rb * 2 * (n_kb + 1):][:n_rb + 1][:-1], flat[n_rb * 2 * (n_kb + 1) + n_rb]
     assert order[0] == 0 and skewed == 1
-    assert _built(band, 512, 512, 16, 16, {})[-1] == 0
+    assert build_lists(band, 512, 512, 16, 16, {}, kind, grid=())[n_rb * 2 * (n_kb + 1) + n_rb] == 0
 
 
 def _structured() -> dict:

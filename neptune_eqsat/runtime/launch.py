@@ -248,15 +248,15 @@ def _specialization(a):
     return a.dtype, a.data_ptr() % 16 == 0
 
 
-def _launch(rec, kernel, grid, args, cfg, constexprs):
+def _launch(rec, kernel, grid, args, cfg, constexprs, unspecialized=()):
     """Launch a kernel; on the GPU keep the compiled kernel per argument specialization. In a warm pass
     (ahead.py) request its compile instead; a launch whose compile runs in the background waits for it. A
-    call of the quick tier launches the kernel's twin that no size or chunk count specializes."""
+    call of the quick tier launches the kernel's twin that no size or chunk count specializes.
+    `unspecialized`: the positions of integer arguments the kernel does not specialize on (do_not_specialize)."""
     first = args[0].base if _is_descriptor(args[0]) else args[0]
     if first.device.type != "cuda" or not _replay_enabled():
         _fitted(kernel, grid, args, cfg)
         return
-    unspecialized = ()
     if _quick_call() and kernel in _ANY_LENGTH:
         kernel, unspecialized = _ANY_LENGTH[kernel]
     grid = tuple(grid) + (1,) * (3 - len(grid))

@@ -1,0 +1,385 @@
+"""Block classification as one Triton kernel: the tables of masks that read tensors, built at every call whose
+tensors changed (a document id per position), in one launch.
+
+The same interval arithmetic as intervals.py (which builds the tables of masks of positions only, once per
+sizes), emitted as straight-line Triton code over float64 lo/hi pairs. One program per (grid value the
+predicate reads, row block):
+* values of the row axis alone (doc[i]) are computed at each row of the block and summarized by their least
+  and greatest value, before the key loop;
+* the key blocks are taken KB_CHUNK at a time: values of the key axis alone (doc[j]) at each key, summarized
+  per key block, then the predicate's interval per key block, its class (empty, partial, full) and the
+  block's place in its list (a prefix sum over the chunk);
+* the last program to finish (a ticket, as a split kernel's combine) sums the work of each row block over the
+  grid values and writes the row blocks in order of decreasing work, and whether that work is skewed.
+
+A value is a pair of variable names (lo, hi), one name twice where it is known exactly (every value of a
+grid axis, a constant, a value at one position): exact operands compute the operation once, as the kernel
+does. Every interval holds every value its term takes over the block pair (NaN bounds widen to infinity), so
+"empty" keeps no element and "full" masks none.
+"""
+from __future__ import annotations
+
+from neptune_eqsat import ir
+from neptune_eqsat.ir import Term, ops
+
+INF = "float('inf')"
+# operations computed exactly on exact operands (from the op table's Triton forms, which hold for float64)
+_EXACT_UN = ("neg", "abs", "recip", "logistic2", "exp", "exp2", "log", "sqrt", "tanh", "erf", "floor", "ceil",
+             "round", "trunc", "softplus")
+_INCREASING = ("exp", "exp2", "log", "sqrt", "tanh", "erf", "floor", "ceil", "round", "trunc", "softplus")
+_CASTS = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32"}
+KB_CHUNK_ELEMENTS = 2048   # keys a program summarizes at once (KB_CHUNK key blocks of BLOCK_LOOP keys)
+ORDER_CHUNK = 64           # row blocks ranked at once by the last program
+
+
+class _Emitter:
+    """Triton lines computing a predicate's interval per (row block, chunk of key blocks)."""
+
+    def __init__(self, w, grid_axes, tensors_rank):
+        self.w, self.row, self.loop = w, w.row, w.loop
+        self.grid_axes, self.rank = grid_axes, tensors_rank
+        self.pre: list[str] = []    # before the key loop (rows, grid values, constants)
+        self.body: list[str] = []   # per chunk of key blocks
+        self.memo: dict = {None: {}, w.row: {}, w.loop: {}}
+        self.count = 0
+        self.top = (self.new("-" + INF, False), self.new(INF, False))
+
+    def new(self, code: str, in_loop: bool) -> str:
+        var = f"v{self.count}"
+        self.count += 1
+        (self.body if in_loop else self.pre).append(f"{var} = {code}")
+        return var
+
+    def emit(self, t: Term, mode: str | None = None) -> tuple[str, str]:
+        """t's interval over the block pair (mode None), or exactly at each row (mode row) or key (mode loop)."""
+        memo = self.memo[mode]
+        if t not in memo:
+            ranged = t.free & {self.row, self.loop}
+            if mode is None and len(ranged) == 1 and t.op not in ("axis", "dim", "const"):
+                ax = next(iter(ranged))   # a value of one axis: at each position, summarized per block
+                memo[t] = self.blockwise(self.emit(t, ax), ax)
+            else:
+                memo[t] = self.node(t, mode, self.loop in t.free)
+        return memo[t]
+
+    def blockwise(self, v, ax):
+        ok, axis = ("ok_i", 0) if ax == self.row else ("ok_j", 1)
+        in_loop = ax == self.loop
+        lo = self.new(f"tl.min(tl.where({ok}, tl.where({v[0]} == {v[0]}, {v[0]}, -{INF}), {INF}), axis={axis})",
+                      in_loop)
+        hi = self.new(f"tl.max(tl.where({ok}, tl.where({v[1]} == {v[1]}, {v[1]}, {INF}), -{INF}), axis={axis})",
+                      in_loop)
+        return lo, hi
+
+    def node(self, t: Term, mode, in_loop: bool):
+        op, at, ar = t.op, t.attrs, t.args
+
+        def new(code):
+            return self.new(code, in_loop)
+
+        def exact(code):
+            v = new(code)
+            return v, v
+        if op == "axis":
+            ax = at[0]
+            if ax == self.row:
+                return ("pi", "pi") if mode == self.row else ("ai_lo", "ai_hi")
+            if ax == self.loop:
+                return ("pj", "pj") if mode == self.loop else ("aj_lo", "aj_hi")
+            return f"g_{ax}", f"g_{ax}"
+        if op == "dim":
+            return exact(f"{at[0]}.to(tl.float64)")
+        if op == "const":
+            return exact(f"tl.full([], float({str(float(at[0]))!r}), tl.float64)")
+        subs = [self.emit(x, mode) for x in ar]
+        if op == "load":
+            return self.load(at[0], subs, new)
+        if op == "un":
+            return self.unary(at[0], subs[0], new)
+        if op == "bin":
+            return self.binary(at[0], subs[0], subs[1], new)
+        if op == "where":
+            return self.where(*subs, new)
+        if op == "cast":
+            a = subs[0]
+            if at[0] not in _CASTS:
+                return a
+            conv = f".to(tl.float32).to({_CASTS[at[0]]}).to(tl.float64)"
+            return (exact(f"{a[0]}{conv}") if a[0] == a[1] else (new(f"{a[0]}{conv}"), new(f"{a[1]}{conv}")))
+        raise ValueError(f"cannot classify blocks of {op}")
+
+    def widen(self, lo, hi, new):
+        """An interval with NaN bounds widened (an undefined result could be anything)."""
+        return new(f"tl.where({lo} == {lo}, {lo}, -{INF})"), new(f"tl.where({hi} == {hi}, {hi}, {INF})")
+
+    def load(self, name, index, new):
+        if any(lo != hi for lo, hi in index):   # a range of indices: every value (loose, still sound)
+            return self.top
+        offset = " + ".join(f"tl.minimum(tl.maximum(tl.where({i} == {i}, {i}, 0.0), 0.0), "
+                            f"({name}_n{k} - 1).to(tl.float64)).to(tl.int64) * {name}_s{k}"
+                            for k, (i, _) in enumerate(index)) or "0"
+        v = new(f"tl.load({name}_ptr + {offset}).to(tl.float64)")
+        return v, v
+
+    def truth(self, a, new):
+        """A number as a condition (nonzero is true): (always, maybe) in {0, 1}."""
+        lo, hi = a
+        return (new(f"tl.where({_or(f'{lo} > 0', f'{hi} < 0')}, 1.0, 0.0)"),
+                new(f"tl.where({_and(f'{lo} == 0', f'{hi} == 0')}, 0.0, 1.0)"))
+
+    def unary(self, fn, a, new):
+        lo, hi = a
+        if lo == hi and (fn in _EXACT_UN or fn == "not"):
+            v = new(f"tl.where({lo} == 0, 1.0, 0.0)" if fn == "not" else ops.OPS["un"][fn].triton.format(lo))
+            return v, v
+        if fn == "neg":
+            return new(f"-{hi}"), new(f"-{lo}")
+        if fn == "abs":
+            inside = new(_and(f"{lo} <= 0", f"{hi} >= 0"))
+            return (new(f"tl.where({inside}, 0.0, tl.minimum(tl.abs({lo}), tl.abs({hi})))"),
+                    new(f"tl.maximum(tl.abs({lo}), tl.abs({hi}))"))
+        if fn == "not":
+            t_lo, t_hi = self.truth(a, new)
+            return new(f"1.0 - {t_hi}"), new(f"1.0 - {t_lo}")
+        if fn in _INCREASING:
+            form = ops.OPS["un"][fn].triton
+            return self.widen(new(form.format(lo)), new(form.format(hi)), new)
+        if fn == "logistic2":   # 1 / (1 + 2^x) decreases
+            return self.widen(new(f"1.0 / (1.0 + tl.math.exp2({hi}))"), new(f"1.0 / (1.0 + tl.math.exp2({lo}))"),
+                              new)
+        if fn == "recip":
+            inside = new(_and(f"{lo} <= 0", f"{hi} >= 0"))
+            return self.widen(new(f"tl.where({inside}, -{INF}, 1.0 / {hi})"),
+                              new(f"tl.where({inside}, {INF}, 1.0 / {lo})"), new)
+        return self.top
+
+    def corners(self, form, a, b, new):
+        values = [new(form.format(x, y)) for x in a for y in b]
+        lo = hi = None
+        for v in values:
+            low = f"tl.where({v} == {v}, {v}, -{INF})"
+            high = f"tl.where({v} == {v}, {v}, {INF})"
+            lo = new(low if lo is None else f"tl.minimum({lo}, {low})")
+            hi = new(high if hi is None else f"tl.maximum({hi}, {high})")
+        return lo, hi
+
+    def binary(self, fn, a, b, new):
+        (alo, ahi), (blo, bhi) = a, b
+        if alo == ahi and blo == bhi:
+            v = new(_exact_binary(fn, alo, blo))
+            return v, v
+        if fn == "add":
+            return self.widen(new(f"{alo} + {blo}"), new(f"{ahi} + {bhi}"), new)
+        if fn == "sub":
+            return self.widen(new(f"{alo} - {bhi}"), new(f"{ahi} - {blo}"), new)
+        if fn == "mul":
+            return self.corners("({} * {})", a, b, new)
+        if fn in ("div", "floordiv"):
+            lo, hi = self.corners("({} / {})" if fn == "div" else "tl.floor({} / {})", a, b, new)
+            ok = new(_or(f"{blo} > 0", f"{bhi} < 0"))
+            return new(f"tl.where({ok}, {lo}, -{INF})"), new(f"tl.where({ok}, {hi}, {INF})")
+        if fn == "max":
+            return new(f"tl.maximum({alo}, {blo})"), new(f"tl.maximum({ahi}, {bhi})")
+        if fn == "min":
+            return new(f"tl.minimum({alo}, {blo})"), new(f"tl.minimum({ahi}, {bhi})")
+        if fn == "mod":
+            # a remainder by a positive divisor c: within [0, c); the identity where a fits in one period of c;
+            # a negative dividend: within (-c, c) (C's remainder, or torch's)
+            period = new(f"tl.floor({alo} / {blo})")
+            same = new(_and(f"{blo} == {bhi}", f"{period} == tl.floor({ahi} / {blo})", f"tl.abs({alo}) < {INF}",
+                            f"tl.abs({ahi}) < {INF}", f"{alo} >= 0"))
+            lo = new(f"tl.where({same}, {alo} - {period} * {blo}, tl.where({alo} >= 0, 0.0, -{bhi}))")
+            hi = new(f"tl.where({same}, {ahi} - {period} * {blo}, {bhi})")
+            return new(f"tl.where({blo} > 0, {lo}, -{INF})"), new(f"tl.where({blo} > 0, {hi}, {INF})")
+        if fn in ("lt", "le", "gt", "ge"):
+            if fn in ("gt", "ge"):
+                (alo, ahi), (blo, bhi), fn = b, a, {"gt": "lt", "ge": "le"}[fn]
+            rel = "<" if fn == "lt" else "<="
+            return (new(f"tl.where({ahi} {rel} {blo}, 1.0, 0.0)"), new(f"tl.where({alo} {rel} {bhi}, 1.0, 0.0)"))
+        if fn in ("eq", "ne"):
+            always = new(_and(f"{alo} == {ahi}", f"{blo} == {bhi}", f"{alo} == {blo}"))
+            maybe = new(_and(f"{alo} <= {bhi}", f"{blo} <= {ahi}"))
+            if fn == "eq":
+                return new(f"tl.where({always}, 1.0, 0.0)"), new(f"tl.where({maybe}, 1.0, 0.0)")
+            return new(f"tl.where({maybe}, 0.0, 1.0)"), new(f"tl.where({always}, 0.0, 1.0)")
+        if fn in ("and", "or"):
+            (tlo_a, thi_a), (tlo_b, thi_b) = self.truth(a, new), self.truth(b, new)
+            pick = "tl.minimum" if fn == "and" else "tl.maximum"
+            return new(f"{pick}({tlo_a}, {tlo_b})"), new(f"{pick}({thi_a}, {thi_b})")
+        natural = new(_and(f"{alo} >= 0", f"{blo} >= 0", f"{ahi} < {INF}", f"{bhi} < {INF}"))
+        if fn == "bitand":
+            lo, hi = "0.0", f"tl.minimum({ahi}, {bhi})"
+        elif fn in ("bitor", "bitxor"):   # below the next power of two of the larger operand
+            top = new(f"tl.math.exp2(tl.ceil(tl.log2(tl.maximum({ahi}, {bhi}) + 1.0))) - 1.0")
+            lo, hi = (f"tl.maximum({alo}, {blo})" if fn == "bitor" else "0.0"), top
+        elif fn == "shl":
+            lo, hi = f"{alo} * tl.math.exp2({blo})", f"{ahi} * tl.math.exp2({bhi})"
+        elif fn == "shr":
+            lo, hi = f"tl.floor({alo} / tl.math.exp2({bhi}))", f"tl.floor({ahi} / tl.math.exp2({blo}))"
+        else:
+            return self.top
+        return self.widen(new(f"tl.where({natural}, {lo}, -{INF})"), new(f"tl.where({natural}, {hi}, {INF})"), new)
+
+    def where(self, c, a, b, new):
+        if c[0] == c[1] and a[0] == a[1] and b[0] == b[1]:
+            v = new(f"tl.where({c[0]} != 0, {a[0]}, {b[0]})")
+            return v, v
+        t_lo, t_hi = self.truth(c, new)
+        return (new(f"tl.where({t_lo} == 1, {a[0]}, tl.where({t_hi} == 0, {b[0]}, tl.minimum({a[0]}, {b[0]})))"),
+                new(f"tl.where({t_lo} == 1, {a[1]}, tl.where({t_hi} == 0, {b[1]}, tl.maximum({a[1]}, {b[1]})))"))
+
+
+def _and(*conds: str) -> str:
+    """Conditions joined by and, as nested wheres: Triton's interpreter cannot & a 0-d and a 1-d condition."""
+    code = conds[-1]
+    for c in reversed(conds[:-1]):
+        code = f"tl.where({c}, {code}, False)"
+    return code
+
+
+def _or(*conds: str) -> str:
+    code = conds[-1]
+    for c in reversed(conds[:-1]):
+        code = f"tl.where({c}, True, {code})"
+    return code
+
+
+def _exact_binary(fn: str, a: str, b: str) -> str:
+    """fn of two exact float64 operands, as the interval runtime computes it (floors, truth values 0/1)."""
+    group = ops.OPS["bin"][fn].group
+    if fn == "floordiv":
+        return f"tl.floor({a} / {b})"
+    if fn == "mod":
+        return f"({a} - {b} * tl.floor({a} / {b}))"
+    if group == "compare":
+        return f"tl.where({ops.OPS['bin'][fn].triton.format(a, b)}, 1.0, 0.0)"
+    if group == "logic":
+        return f"tl.where({(_and if fn == 'and' else _or)(f'{a} != 0', f'{b} != 0')}, 1.0, 0.0)"
+    if group == "integer":   # bit operations on the integers the values hold
+        return ops.OPS["bin"][fn].triton.format(f"{a}.to(tl.int64)", f"{b}.to(tl.int64)") + ".to(tl.float64)"
+    return ops.OPS["bin"][fn].triton.format(a, b)
+
+
+def _ranks(pred: Term) -> dict[str, int]:
+    """Each tensor the predicate reads, with its rank (the number of indices it is read with)."""
+    return {t.attrs[0]: len(t.args) for t in ir.walk(pred) if t.op == "load"}
+
+
+def kernel_source(table, w, sizes: list[str]) -> str:
+    """The classifying kernel of `table` and its launcher, def <builder>(BLOCK_ROW, BLOCK_LOOP, device, <sizes>,
+    <tensors>) -> int32 block lists, laid out as intervals._block_lists lays them out."""
+    ranks = _ranks(table.pred)
+    e = _Emitter(w, table.grid_axes, ranks)
+    always, maybe = e.truth(e.emit(table.pred), lambda code: e.new(code, True))
+    kernel = f"{table.builder}_kernel"
+    tensor_params = [p for t in table.tensors for p in
+                     [f"{t}_ptr"] + [f"{t}_n{k}" for k in range(ranks[t])] + [f"{t}_s{k}" for k in range(ranks[t])]]
+    ints = sizes + [p for p in tensor_params if not p.endswith("_ptr")]
+    row_n, key_n = w.ext(w.row), w.ext(w.loop)
+    grid = []
+    stride = "1"
+    for ax in reversed(table.grid_axes):   # the entry is the grid values flattened, the last fastest
+        grid.append(f"g_{ax} = ((entry // {stride}) % {w.ext(ax)}).to(tl.float64)")
+        stride = f"{stride} * {w.ext(ax)}"
+    lines = [
+        f"n_rb = ({row_n} + BLOCK_ROW - 1) // BLOCK_ROW",
+        f"n_kb = ({key_n} + BLOCK_LOOP - 1) // BLOCK_LOOP",
+        "pid = tl.program_id(0)",
+        "entry = pid // n_rb",
+        "rb = pid % n_rb",
+        *grid,
+        "pi_at = rb * BLOCK_ROW + tl.arange(0, BLOCK_ROW)",
+        f"ok_i = pi_at < {row_n}",
+        "pi = pi_at.to(tl.float64)",
+        "ai_lo = (rb * BLOCK_ROW).to(tl.float64)",
+        f"ai_hi = tl.minimum(rb * BLOCK_ROW + BLOCK_ROW - 1, {row_n} - 1).to(tl.float64)",
+        *e.pre,
+        "lists = out_ptr + pid.to(tl.int64) * (2 * n_kb + 2)",
+        "n_partial = tl.full([], 0, tl.int32)",
+        "n_full = tl.full([], 0, tl.int32)",
+        "for kc in range(0, n_kb, KB_CHUNK):",
+        *["    " + x for x in [
+            "kbs = kc + tl.arange(0, KB_CHUNK)",
+            "pj_at = kbs[:, None] * BLOCK_LOOP + tl.arange(0, BLOCK_LOOP)[None, :]",
+            f"ok_j = pj_at < {key_n}",
+            "pj = pj_at.to(tl.float64)",
+            "aj_lo = (kbs * BLOCK_LOOP).to(tl.float64)",
+            f"aj_hi = tl.minimum(kbs * BLOCK_LOOP + BLOCK_LOOP - 1, {key_n} - 1).to(tl.float64)",
+            *e.body,
+            f"is_full = {_and('kbs < n_kb', f'{always} == 1', f'kbs * BLOCK_LOOP + BLOCK_LOOP <= {key_n}')}",
+            f"is_partial = {_and('kbs < n_kb', f'{maybe} != 0', 'is_full == 0')}",
+            "hit = is_partial.to(tl.int32)",
+            "tl.store(lists + 1 + n_partial + tl.cumsum(hit, axis=0) - hit, kbs, mask=is_partial)",
+            "n_partial += tl.sum(hit, axis=0)",
+            "hit = is_full.to(tl.int32)",
+            "tl.store(lists + n_kb + 2 + n_full + tl.cumsum(hit, axis=0) - hit, kbs, mask=is_full)",
+            "n_full += tl.sum(hit, axis=0)"]],
+        "tl.store(lists, n_partial)",
+        "tl.store(lists + n_kb + 1, n_full)",
+        # the last program to finish orders the row blocks (its ticket: acquire-release at GPU scope, after a
+        # barrier so every thread's stores come first; it resets the ticket for the next call)
+        "tl.debug_barrier()",
+        "if tl.atomic_add(tickets_ptr, 1) == tl.num_programs(0) - 1:",
+        "    tl.store(tickets_ptr, 0)",
+        "    _order_row_blocks(out_ptr, tl.num_programs(0) // n_rb, n_rb, n_kb, ORDER_CHUNK)",
+    ]
+    constexprs = ["BLOCK_ROW", "BLOCK_LOOP", "KB_CHUNK", "ORDER_CHUNK"]
+    params = ["out_ptr", "tickets_ptr"] + sizes + tensor_params
+    head = (f"@triton.jit(do_not_specialize={ints!r})\n"
+            f"def {kernel}({', '.join(params + [c + ': tl.constexpr' for c in constexprs])}):\n"
+            f'    """Classify the key blocks of each row block where {ir.show(table.pred)[:70]} may hold."""\n')
+    entries = " * ".join(["1"] + [w.ext(a) for a in table.grid_axes])
+    args = ", ".join(["out", "_tickets(None, device, 1)"] + sizes +
+                     [f"{t}, *{t}.shape, *{t}.stride()" for t in table.tensors])
+    launcher = [
+        f"def {table.builder}({', '.join(['BLOCK_ROW', 'BLOCK_LOOP', 'device'] + sizes + table.tensors)}):",
+        f'    """Key blocks to visit per row block where {ir.show(table.pred)[:80]} may hold (one launch)."""',
+        f"    n_rb, n_kb, entries = -(-{row_n} // BLOCK_ROW), -(-{key_n} // BLOCK_LOOP), {entries}",
+        "    out = torch.empty(entries * n_rb * (2 * n_kb + 2) + 2 * n_rb + 1, dtype=torch.int32, device=device)",
+        "    if entries * n_rb == 0:",
+        "        return out.zero_()",
+        f"    args = ({args},)",
+        f"    chunk = max(1, {KB_CHUNK_ELEMENTS} // BLOCK_LOOP)",
+        "    cfg = {'BLOCK_ROW': BLOCK_ROW, 'BLOCK_LOOP': BLOCK_LOOP, 'KB_CHUNK': chunk, "
+        f"'ORDER_CHUNK': {ORDER_CHUNK}, 'num_warps': 4, 'num_stages': 1}}",
+        f"    _launch(None, {kernel}, (entries * n_rb,), args, cfg, (BLOCK_ROW, BLOCK_LOOP, chunk, {ORDER_CHUNK}),",
+        "            unspecialized=frozenset(n for n, a in enumerate(args) if isinstance(a, int)))",
+        "    return out",
+    ]
+    return head + "\n".join("    " + x for x in lines) + "\n\n\n" + "\n".join(launcher) + "\n"
+
+
+ORDER_SOURCE = f'''@triton.jit
+def _order_row_blocks(out_ptr, n_entries, n_rb, n_kb, ORDER_CHUNK: tl.constexpr):
+    """After the lists: the row blocks in order of decreasing work (key blocks visited, summed over the
+    entries; ties in row order), then 1 where the work is skewed (the most above 4 times the mean); the work of
+    each row block is kept after that."""
+    order = out_ptr + (n_entries * n_rb).to(tl.int64) * (2 * n_kb + 2)
+    work_at = order + n_rb + 1
+    total = tl.full([], 0, tl.int32)
+    most = tl.full([], 0, tl.int32)
+    for rc in range(0, n_rb, ORDER_CHUNK):
+        rows = rc + tl.arange(0, ORDER_CHUNK)
+        live = rows < n_rb
+        work = tl.zeros([ORDER_CHUNK], tl.int32)
+        for e in range(0, n_entries):
+            lists = out_ptr + (e * n_rb + rows).to(tl.int64) * (2 * n_kb + 2)
+            work += tl.load(lists, mask=live, other=0) + tl.load(lists + n_kb + 1, mask=live, other=0)
+        tl.store(work_at + rows, work, mask=live)
+        total += tl.sum(work, axis=0)
+        most = tl.maximum(most, tl.max(work, axis=0))
+    tl.debug_barrier()
+    for rc in range(0, n_rb, ORDER_CHUNK):
+        rows = rc + tl.arange(0, ORDER_CHUNK)
+        live = rows < n_rb
+        mine = tl.load(work_at + rows, mask=live, other=0)
+        rank = tl.zeros([ORDER_CHUNK], tl.int32)
+        for sc in range(0, n_rb, ORDER_CHUNK):
+            others = sc + tl.arange(0, ORDER_CHUNK)
+            theirs = tl.load(work_at + others, mask=others < n_rb, other=-1)
+            ahead = (theirs[None, :] > mine[:, None]) | \\
+                ((theirs[None, :] == mine[:, None]) & (others[None, :] < rows[:, None]))
+            rank += tl.sum(ahead.to(tl.int32), axis=1)
+        tl.store(order + rank, rows, mask=live)
+    tl.store(order + n_rb, (most.to(tl.float32) > 4.0 * total.to(tl.float32) / n_rb).to(tl.int32))
+'''
