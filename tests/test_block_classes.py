@@ -181,7 +181,7 @@ def _reads_exactly(pred: ir.Term) -> bool:
     return all(len(t.free & {"i", "j"}) < 2 for t in ir.walk(pred) if t.op == "load")
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60 if DEVICE == "cpu" else 3, deadline=None)   # (on a GPU each example compiles, 10-20 s)
 @given(conditions(2), st.integers(1, 40), st.integers(1, 40), st.sampled_from([1, 4, 8]),
        st.sampled_from([1, 4, 16]), st.integers(0, 2**16))
 def test_the_classifying_kernel_is_sound_and_agrees_with_the_torch_builder(pred, L, S, bm, bn, seed):
