@@ -28,8 +28,13 @@ _EXACT_UN = ("neg", "abs", "recip", "logistic2", "exp", "exp2", "log", "sqrt", "
              "round", "trunc", "softplus")
 _INCREASING = ("exp", "exp2", "log", "sqrt", "tanh", "erf", "floor", "ceil", "round", "trunc", "softplus")
 _CASTS = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32"}
+# operations a kernel rounds in float32: their bounds widened as intervals.py widens them (which imports torch)
+_ROUNDED = ("exp", "exp2", "log", "sqrt", "tanh", "erf", "softplus", "logistic2", "recip", "div")
+_ROUNDING = 2.0 ** -20
+_FLT_EDGE = 2.0 ** 127
 KB_CHUNK_ELEMENTS = 2048   # keys a program summarizes at once (KB_CHUNK key blocks of BLOCK_LOOP keys)
 ORDER_CHUNK = 64           # row blocks ranked at once by the last program
+WARPS = 4                  # per program
 
 
 class _Emitter:
@@ -95,9 +100,13 @@ class _Emitter:
         if op == "load":
             return self.load(at[0], subs, new)
         if op == "un":
-            return self.unary(at[0], subs[0], new)
+            out = self.unary(at[0], subs[0], new)
+            out = self.rounded(*out, new) if at[0] in _ROUNDED else out
+            return out if at[0] == "not" else self.poisoned(out, subs, new)
         if op == "bin":
-            return self.binary(at[0], subs[0], subs[1], new)
+            out = self.binary(at[0], subs[0], subs[1], new)
+            out = self.rounded(*out, new) if at[0] in _ROUNDED else out
+            return out if ops.OPS["bin"][at[0]].group in ("compare", "logic") else self.poisoned(out, subs, new)
         if op == "where":
             return self.where(*subs, new)
         if op == "cast":
@@ -108,9 +117,28 @@ class _Emitter:
             return (exact(f"{a[0]}{conv}") if a[0] == a[1] else (new(f"{a[0]}{conv}"), new(f"{a[1]}{conv}")))
         raise ValueError(f"cannot classify blocks of {op}")
 
+    def rounded(self, lo, hi, new):
+        """[lo, hi] widened to hold the same operation rounded in float32 (as intervals._iv_rounded)."""
+        edge, tiny = f"{_FLT_EDGE!r}", f"{2.0 ** -126!r}"
+        lo = new(f"{lo} - tl.abs({lo}) * {_ROUNDING!r} - {tiny}")
+        hi = new(f"{hi} + tl.abs({hi}) * {_ROUNDING!r} + {tiny}")
+        return new(f"tl.where({lo} <= -{edge}, -{INF}, {lo})"), new(f"tl.where({hi} >= {edge}, {INF}, {hi})")
+
     def widen(self, lo, hi, new):
-        """An interval with NaN bounds widened (an undefined result could be anything)."""
-        return new(f"tl.where({lo} == {lo}, {lo}, -{INF})"), new(f"tl.where({hi} == {hi}, {hi}, {INF})")
+        """An interval with NaN bounds widened to every value (an undefined result could be anything; the whole
+        line also stands for a value that may be NaN, as in intervals._iv)."""
+        defined = new(_and(f"{lo} == {lo}", f"{hi} == {hi}"))
+        return new(f"tl.where({defined}, {lo}, -{INF})"), new(f"tl.where({defined}, {hi}, {INF})")
+
+    def poisoned(self, out, operands, new):
+        """An arithmetic result where an operand may be NaN (the whole line): the whole line (intervals.py's
+        _iv_poisoned)."""
+        lo, hi = out
+        for a_lo, a_hi in operands:
+            if a_lo != a_hi:
+                top = new(_and(f"{a_lo} == -{INF}", f"{a_hi} == {INF}"))
+                lo, hi = new(f"tl.where({top}, -{INF}, {lo})"), new(f"tl.where({top}, {INF}, {hi})")
+        return lo, hi
 
     def load(self, name, index, new):
         if any(lo != hi for lo, hi in index):   # a range of indices: every value (loose, still sound)
@@ -156,12 +184,11 @@ class _Emitter:
     def corners(self, form, a, b, new):
         values = [new(form.format(x, y)) for x in a for y in b]
         lo = hi = None
-        for v in values:
-            low = f"tl.where({v} == {v}, {v}, -{INF})"
-            high = f"tl.where({v} == {v}, {v}, {INF})"
-            lo = new(low if lo is None else f"tl.minimum({lo}, {low})")
-            hi = new(high if hi is None else f"tl.maximum({hi}, {high})")
-        return lo, hi
+        for v in values:   # a NaN corner is kept (the whole line, by widen)
+            keep = "tl.where({0} != {0}, {0}, tl.where({1} != {1}, {1}, tl.{2}({0}, {1})))"
+            lo = v if lo is None else new(keep.format(lo, v, "minimum"))
+            hi = v if hi is None else new(keep.format(hi, v, "maximum"))
+        return self.widen(lo, hi, new)
 
     def binary(self, fn, a, b, new):
         (alo, ahi), (blo, bhi) = a, b
@@ -329,20 +356,21 @@ def kernel_source(table, w, sizes: list[str]) -> str:
             f"def {kernel}({', '.join(params + [c + ': tl.constexpr' for c in constexprs])}):\n"
             f'    """Classify the key blocks of each row block where {ir.show(table.pred)[:70]} may hold."""\n')
     entries = " * ".join(["1"] + [w.ext(a) for a in table.grid_axes])
-    args = ", ".join(["out", "_tickets(None, device, 1)"] + sizes +
+    args = ", ".join(["out", "_tickets(rec, device, 1)"] + sizes +
                      [f"{t}, *{t}.shape, *{t}.stride()" for t in table.tensors])
     launcher = [
-        f"def {table.builder}({', '.join(['BLOCK_ROW', 'BLOCK_LOOP', 'device'] + sizes + table.tensors)}):",
-        f'    """Key blocks to visit per row block where {ir.show(table.pred)[:80]} may hold (one launch)."""',
+        f"def {table.builder}({', '.join(['BLOCK_ROW', 'BLOCK_LOOP', 'device'] + sizes + table.tensors)}, rec=None):",
+        f'    """Key blocks to visit per row block where {ir.show(table.pred)[:80]} may hold (one launch,',
+        '    recorded in `rec` for replay)."""',
         f"    n_rb, n_kb, entries = -(-{row_n} // BLOCK_ROW), -(-{key_n} // BLOCK_LOOP), {entries}",
-        "    out = torch.empty(entries * n_rb * (2 * n_kb + 2) + 2 * n_rb + 1, dtype=torch.int32, device=device)",
+        "    out = _empty(rec, (entries * n_rb * (2 * n_kb + 2) + 2 * n_rb + 1,), torch.int32, device)",
         "    if entries * n_rb == 0:",
         "        return out.zero_()",
         f"    args = ({args},)",
         f"    chunk = max(1, {KB_CHUNK_ELEMENTS} // BLOCK_LOOP)",
         "    cfg = {'BLOCK_ROW': BLOCK_ROW, 'BLOCK_LOOP': BLOCK_LOOP, 'KB_CHUNK': chunk, "
-        f"'ORDER_CHUNK': {ORDER_CHUNK}, 'num_warps': 4, 'num_stages': 1}}",
-        f"    _launch(None, {kernel}, (entries * n_rb,), args, cfg, (BLOCK_ROW, BLOCK_LOOP, chunk, {ORDER_CHUNK}),",
+        f"'ORDER_CHUNK': {ORDER_CHUNK}, 'num_warps': {WARPS}, 'num_stages': 1}}",
+        f"    _launch(rec, {kernel}, (entries * n_rb,), args, cfg, (BLOCK_ROW, BLOCK_LOOP, chunk, {ORDER_CHUNK}),",
         "            unspecialized=frozenset(n for n, a in enumerate(args) if isinstance(a, int)))",
         "    return out",
     ]

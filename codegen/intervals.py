@@ -40,13 +40,45 @@ _EXACT_BIN = {
 }
 
 
+# Operations a kernel rounds (in float32) where this runtime rounds in float64, so a value at a comparison's edge
+# can land on either side of it (tanh(19) is 1 in float32, 1 - 2^-53 here): their bounds are widened by far more
+# than either rounding, values past float32's range reach infinity, and values float32 flushes reach zero.
+_ROUNDED = ("exp", "exp2", "log", "sqrt", "tanh", "erf", "softplus", "logistic2", "recip", "div")
+_ROUNDING = 2.0 ** -20
+_FLT_EDGE = 2.0 ** 127
+
+
+def _iv_rounded(lo, hi):
+    """[lo, hi] widened to hold the same operation rounded in float32."""
+    lo = lo - lo.abs() * _ROUNDING - 2.0 ** -126
+    hi = hi + hi.abs() * _ROUNDING + 2.0 ** -126
+    return torch.where(lo <= -_FLT_EDGE, -math.inf, lo), torch.where(hi >= _FLT_EDGE, math.inf, hi)
+
+
 def _exact(*values):
     return all(v[0] is v[1] for v in values)
 
 
 def _iv(lo, hi):
-    """An interval with NaN bounds widened (an undefined result could be anything)."""
-    return torch.nan_to_num(lo, nan=-math.inf), torch.nan_to_num(hi, nan=math.inf)
+    """An interval with NaN bounds widened to every value (an undefined result could be anything). The whole
+    line [-inf, inf] also stands for a value that may be NaN: arithmetic keeps it (_iv_poisoned), and a
+    comparison of it may hold or not."""
+    undefined = torch.isnan(lo) | torch.isnan(hi)
+    return torch.where(undefined, -math.inf, lo), torch.where(undefined, math.inf, hi)
+
+
+_TRUTH_OPS = ("lt", "le", "gt", "ge", "eq", "ne", "and", "or")
+
+
+def _iv_poisoned(out, *operands):
+    """An arithmetic result where an operand may be NaN (the whole line): the whole line (NaN propagates,
+    and abs, exp or max of it is no narrower)."""
+    lo, hi = out
+    for a in operands:
+        if not _exact(a):
+            top = (a[0] == -math.inf) & (a[1] == math.inf)
+            lo, hi = torch.where(top, -math.inf, lo), torch.where(top, math.inf, hi)
+    return lo, hi
 
 
 def _iv_top(a, b=None):
@@ -88,6 +120,12 @@ def _iv_truth(a):
 
 
 def _iv_un(fn, a):
+    out = _iv_un_rounded_as_here(fn, a)
+    out = _iv_rounded(*out) if fn in _ROUNDED else out
+    return out if fn == "not" else _iv_poisoned(out, a)
+
+
+def _iv_un_rounded_as_here(fn, a):
     lo, hi = a
     if _exact(a) and (fn in _EXACT_UN or fn in _IV_INCREASING):
         v = (_EXACT_UN.get(fn) or _IV_INCREASING[fn])(lo)
@@ -113,10 +151,8 @@ def _iv_un(fn, a):
 
 def _iv_corners(f, a, b):
     """The hull of f at the four corners: exact for an f monotone in each argument on the box."""
-    values = [f(x, y) for x in a for y in b]
-    lo = torch.stack(torch.broadcast_tensors(*values)).nan_to_num(nan=-math.inf).amin(0)
-    hi = torch.stack(torch.broadcast_tensors(*values)).nan_to_num(nan=math.inf).amax(0)
-    return lo, hi
+    values = torch.stack(torch.broadcast_tensors(*[f(x, y) for x in a for y in b]))
+    return _iv(values.amin(0), values.amax(0))   # (amin and amax give NaN where a corner is NaN)
 
 
 def _iv_excludes_zero(b):
@@ -124,6 +160,12 @@ def _iv_excludes_zero(b):
 
 
 def _iv_bin(fn, a, b):
+    out = _iv_bin_rounded_as_here(fn, a, b)
+    out = _iv_rounded(*out) if fn in _ROUNDED else out
+    return out if fn in _TRUTH_OPS else _iv_poisoned(out, a, b)
+
+
+def _iv_bin_rounded_as_here(fn, a, b):
     (alo, ahi), (blo, bhi) = a, b
     if _exact(a, b) and fn in _EXACT_BIN:
         v = _EXACT_BIN[fn](alo, blo)

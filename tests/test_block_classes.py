@@ -264,3 +264,30 @@ def test_integer_masks_are_classified_soundly_and_skip_something(name):
     cls = check_sound(_structured()[name], 40, 40, 8, 8, {})
     if name != "bit pattern":
         assert (cls != 1).any(), "every block partial: the classification proved nothing"
+
+
+@pytest.mark.parametrize("kind", ["torch", "kernel"])
+@pytest.mark.parametrize("edge", ["ge", "lt"])
+def test_a_value_rounded_differently_in_float32_is_not_put_on_one_side_of_a_comparison(kind, edge):
+    """tanh(19) is 1 in float32 (and numpy) but 1 - 2^-53 in float64 libm: a block whose keys sit on that edge
+    is partial, neither empty nor full."""
+    i, j = ir.axis("i"), ir.axis("j")
+    pred = ir.bin("and", ir.bin("lt", i, j), ir.bin(edge, ir.un("tanh", ir.const(19)), j))
+    cls = check_sound(pred, 1, 2, 1, 1, {}, kind)[0]
+    assert cls[0, 1] == 1
+
+
+def test_the_kernel_widens_rounded_operations_as_the_torch_runtime_does():
+    assert (block_kernel._ROUNDED, block_kernel._ROUNDING, block_kernel._FLT_EDGE) == \
+        (intervals._ROUNDED, intervals._ROUNDING, intervals._FLT_EDGE)
+
+
+@pytest.mark.parametrize("kind", ["torch", "kernel"])
+def test_a_value_that_may_be_nan_keeps_every_comparison_open(kind):
+    """sqrt(-j) is NaN for j > 0, and NaN < i is false, so not(sqrt(-j) < i) keeps those keys: the interval of
+    a possibly-NaN value is the whole line, and arithmetic on it stays there."""
+    i, j = ir.axis("i"), ir.axis("j")
+    pred = ir.un("not", ir.bin("lt", ir.un("sqrt", ir.un("neg", j)), i))
+    check_sound(pred, 2, 2, 1, 4, {}, kind)
+    pred = ir.bin("ge", ir.un("abs", ir.un("sqrt", ir.bin("sub", i, j))), ir.const(0))
+    check_sound(pred, 2, 6, 2, 4, {}, kind)   # abs(NaN) >= 0 is false too
