@@ -14,7 +14,7 @@ from bench.common import import_package
 from bench.suite.attention import D, OPS, alibi_slopes, api_callables
 
 import_package()   # neptune_eqsat from this checkout
-from neptune_eqsat import flex  # noqa: E402
+from neptune_eqsat import compiled, flex  # noqa: E402
 
 
 def main() -> None:
@@ -27,7 +27,7 @@ def main() -> None:
         problem = flex._problem(q, k, k, None, op.hq != op.hkv)
         spec = flex.trace(mod, mask, problem)[0]
         # the source only: importing it compiled needs a GPU (its Gluon kernels), the machine it is made for
-        print(f"{op.name}: {flex.cached_source(flex.plan_key(spec, problem), spec)}", flush=True)
+        print(f"{op.name}: {compiled.cached_source(flex.plan_key(spec, problem), spec)}", flush=True)
 
 
 if __name__ == "__main__":
