@@ -155,13 +155,15 @@ def _builder(table: BlockTable, w) -> tuple[str, list[str]]:
     return f"def {table.builder}({args}):\n{doc}\n" + "\n".join("    " + x for x in lines) + "\n", sizes
 
 
-def builder_call(table: BlockTable, w, cfg: str) -> str:
-    """The launcher line building (or fetching) the table."""
+def builder_call(table: BlockTable, w, cfg: str, blocks: tuple[str, str] | None = None) -> str:
+    """The launcher line building (or fetching) the table, for the kernel's row and loop blocks (`blocks`:
+    their names in `cfg` where they are not BLOCK_<axis>)."""
     sizes = builder_sizes(table, w)
-    consts = f"({cfg}[{'BLOCK_' + w.row.upper()!r}], {cfg}[{'BLOCK_' + w.loop.upper()!r}], device, " + \
-        "".join(f"{s}, " for s in sizes) + ")"
+    row_block, loop_block = blocks or ("BLOCK_" + w.row.upper(), "BLOCK_" + w.loop.upper())
+    consts = f"({cfg}[{row_block!r}], {cfg}[{loop_block!r}], device, " + "".join(f"{s}, " for s in sizes) + ")"
     tensors = "(" + "".join(f"{t}, " for t in table.tensors) + ")"
-    return f"    {table.param}, {table.param}_skewed = _block_table(rec, {table.builder}, {consts}, {tensors})"
+    p = table.param
+    return f"    {p}, {p}_skewed, {p}_partial_share = _block_table(rec, {table.builder}, {consts}, {tensors})"
 
 
 def kernel_lines(table: BlockTable, w) -> tuple[list[str], list[str], list[str], list[str]]:
@@ -171,23 +173,23 @@ def kernel_lines(table: BlockTable, w) -> tuple[list[str], list[str], list[str],
     for g in table.grid_axes:
         flat = g if flat == "0" else f"({flat}) * {w.ext(g)} + {g}"
     n_kb, n_rb = _block_counts(w)
-    bj, p = w.block(w.loop), table.param
+    bj, p, L = w.block(w.loop), table.param, w.lang
     lines = [f"n_kb = {n_kb}",
              f"{p}_row = ({flat}) * {n_rb} + pid_row",
-             f"{p}_at = {p}_ptr + {p}_row.to(tl.int64) * (2 * n_kb + 2)",
-             f"{p}_partial = tl.load({p}_at)", f"{p}_full = tl.load({p}_at + n_kb + 1)"]
+             f"{p}_at = {p}_ptr + {p}_row.to({L}.int64) * (2 * n_kb + 2)",
+             f"{p}_partial = {L}.load({p}_at)", f"{p}_full = {L}.load({p}_at + n_kb + 1)"]
     ranges = {"partial": ("0", f"{p}_partial"), "full": ("0", f"{p}_full")}
     if w.s.split:   # split over the key axis: each chunk program takes its share of each list
         for kind in ranges:
-            lines += [f"{p}_{kind}_share = ({p}_{kind} + tl.num_programs(2) - 1) // tl.num_programs(2)",
-                      f"{p}_{kind}_lo = tl.minimum(pid_chunk * {p}_{kind}_share, {p}_{kind})",
-                      f"{p}_{kind}_hi = tl.minimum({p}_{kind}_lo + {p}_{kind}_share, {p}_{kind})"]
+            lines += [f"{p}_{kind}_share = ({p}_{kind} + {L}.num_programs(2) - 1) // {L}.num_programs(2)",
+                      f"{p}_{kind}_lo = {L}.minimum(pid_chunk * {p}_{kind}_share, {p}_{kind})",
+                      f"{p}_{kind}_hi = {L}.minimum({p}_{kind}_lo + {p}_{kind}_share, {p}_{kind})"]
             ranges[kind] = (f"{p}_{kind}_lo", f"{p}_{kind}_hi")
-    partial = [f"for blk in range({', '.join(ranges['partial'])}):", f"    start = tl.load({p}_at + 1 + blk) * {bj}"]
-    full = [f"for blk in range({', '.join(ranges['full'])}):", f"    start = tl.load({p}_at + n_kb + 2 + blk) * {bj}"]
+    partial = [f"for blk in range({', '.join(ranges['partial'])}):", f"    start = {L}.load({p}_at + 1 + blk) * {bj}"]
+    full = [f"for blk in range({', '.join(ranges['full'])}):", f"    start = {L}.load({p}_at + n_kb + 2 + blk) * {bj}"]
     (p_lo, p_hi), (f_lo, f_hi) = ranges["partial"], ranges["full"]
     both = [f"for blk in range(0, ({p_hi}) - ({p_lo}) + ({f_hi}) - ({f_lo})):",
-            f"    start = tl.load(tl.where(blk < ({p_hi}) - ({p_lo}), {p}_at + 1 + ({p_lo}) + blk, "
+            f"    start = {L}.load({L}.where(blk < ({p_hi}) - ({p_lo}), {p}_at + 1 + ({p_lo}) + blk, "
             f"{p}_at + n_kb + 2 + ({f_lo}) + blk - (({p_hi}) - ({p_lo})))) * {bj}"]
     return lines, partial, full, both
 

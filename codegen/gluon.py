@@ -21,15 +21,16 @@ kernel.py cannot express it (Triton 3.6 specializes warps only on Blackwell).
 """
 from __future__ import annotations
 
+import re
 import textwrap
 from dataclasses import dataclass
 
 from neptune_eqsat.plan.schedule import Schedule
 
-from .blocks import table_predicate
+from .blocks import _block_counts, kernel_lines
 from .gluon_writer import CONSUMERS, GLUON_DTYPE, ROWS, GluonWriter, NotEligible
 from .kernel import grid_sizes, jit_decorator
-from .loops import grid_index_lines, mask_bounds, pass_bounds
+from .loops import grid_index_lines, mask_bounds, pass_bounds, pass_table
 from .values import Context, Val
 
 # the consumers take turns issuing their products: consumer 0's turn t follows t turns of consumer 1, consumer
@@ -115,7 +116,8 @@ class WarpSpecialized:
     name: str
     head: list[str]        # the tile a program runs, its grid indices and row range
     rows: list[str]        # a consumer's rows
-    bounds: list[str]      # the key range of the tile (mask bounds)
+    bounds: list[str]      # the key range of the tile (mask bounds), or where its lists are (a listed mask)
+    listed: tuple | None   # a listed mask's (count of key blocks, the block of copy k, partial loop, full loop)
     tiles: str             # how many tiles there are
     ordered: bool          # tiles are ordered by work (ORDER)
     out: Val               # the output tile, in the epilogue
@@ -143,15 +145,24 @@ def _match(sched: Schedule, name: str) -> WarpSpecialized:
     row_blocks = f"gl.cdiv({w.ext(row)}, BLOCK_I)"
     grid_tiles = " * ".join(w.ext(g) for g in sched.grid) or "1"
     tiles = f"{row_blocks} * {grid_tiles}"
-    ordered = grows is not None and grows.work_grows
-    head = tile_lines(row_blocks, grid_tiles, tiles, ordered) + grid_index_lines(w, sched)
+    reds = sched.in_pass(0)
+    table = pass_table(w, 0, reds)   # a mask whose key blocks are listed at run time (blocks.py)
+    if table is not None and table.tensors:
+        raise NotEligible("the mask's key blocks are listed from tensors at every call, whose table the launcher "
+                          "cannot read without waiting for it (module.GLUON_PARTIAL_SHARE)")
+    ordered = grows is not None and grows.work_grows and table is None
+    if table is None:
+        head = tile_lines(row_blocks, grid_tiles, tiles, ordered)
+    else:   # row blocks in the table's order, most key blocks first, one grid index after another
+        n_kb, n_rb = (_gluon_blocks(x, w) for x in _block_counts(w))
+        entries = " * ".join([w.ext(g) for g in table.grid_axes] + [n_rb])
+        head = ["tile = slot", f"pid_grid = tile // {row_blocks}",
+                f"pid_row = gl.load({table.param}_ptr + ({entries}) * (2 * {n_kb} + 2) + tile % {row_blocks})"]
+    head += grid_index_lines(w, sched)
     head += ["i_lo = pid_row * BLOCK_I", f"i_hi = gl.minimum(i_lo + BLOCK_I, {w.ext(row)}) - 1"]
     rows = [f"offs_{row} = i_lo + ME * {ROWS} + gl.arange(0, {ROWS}, layout=S_ROWS)",
             f"valid_{row} = offs_{row} < {w.ext(row)}"]
 
-    reds = sched.in_pass(0)
-    if table_predicate(w, reds) is not None:
-        raise NotEligible("the mask's key blocks are listed at run time (blocks.py), which this kernel does not read")
     w.ctx = Context("body0", "pre0", complete=set(), running=set(reds))
     for r in reds:
         w.init_state(r, "init0")
@@ -167,7 +178,14 @@ def _match(sched: Schedule, name: str) -> WarpSpecialized:
                              if f"{w.state[r].code}_prev" in used]
     if set(w.operands) != {"a", "b", "v"}:
         raise NotEligible("the matrix products do not read two inputs per block and one once")
-    bounds = pass_bounds(w, 0, reds)
+    listed = None
+    if table is None:
+        bounds = pass_bounds(w, 0, reds)
+    else:   # the producer copies the partial blocks, then the full ones; the consumers take them in that order
+        bounds, partial, full, _ = ([_gluon_blocks(x, w) for x in part] for part in kernel_lines(table, w))
+        p = table.param
+        copy_k = f"gl.load({p}_at + gl.where(blk < {p}_partial, 1 + blk, n_kb + 2 + blk - {p}_partial)) * BLOCK_J"
+        listed = (f"{p}_partial + {p}_full", copy_k, partial, full)
     if w.blocks["pre0"]:
         raise NotEligible("values computed between passes")
 
@@ -176,14 +194,22 @@ def _match(sched: Schedule, name: str) -> WarpSpecialized:
     if out.axes != (row, col) or w.spec.output_dtype != w.dtype:
         raise NotEligible("the output is not a row x column tile of the operands' type (it leaves through A's buffer)")
     out_coords = [a if a in sched.grid else "0" for a in sched.spec.output_axes[:-2]] + [f"i_lo + ME * {ROWS}", "0"]
-    return WarpSpecialized(w, name, head, rows, bounds, tiles, ordered, out, out_coords)
+    return WarpSpecialized(w, name, head, rows, bounds, listed, tiles, ordered, out, out_coords)
+
+
+def _gluon_blocks(line: str, w: GluonWriter) -> str:
+    """A line of the loop code shared with the Triton kernel, with the row and loop blocks under the names the
+    Gluon kernel gives them (BLOCK_I, BLOCK_J)."""
+    for ax, name in ((w.row, "BLOCK_I"), (w.loop, "BLOCK_J")):
+        line = re.sub(rf"\bBLOCK_{ax.upper()}\b", name, line)
+    return line
 
 
 def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
     """The Gluon kernel `{name}_gluon_kernel` of a matched schedule: producer, consumers and the kernel that
     allocates their shared memory and starts them."""
-    w, name, head, rows, bounds, tiles, ordered, out, out_coords = (
-        m.writer, m.name, m.head, m.rows, m.bounds, m.tiles, m.ordered, m.out, m.out_coords)
+    w, name, head, rows, bounds, listed, tiles, ordered, out, out_coords = (
+        m.writer, m.name, m.head, m.rows, m.bounds, m.listed, m.tiles, m.ordered, m.out, m.out_coords)
     sched = w.s
     col, inner = sched.col, sched.inner[0]
     (a_param, a_coords, a_blocks), (b_param, b_coords, b_blocks), (v_param, v_coords, v_blocks) = (
@@ -192,14 +218,14 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
     pointers = []
     for n in w.pointer_inputs:
         pointers += [f"{n}_ptr"] + [f"{n}_s{k}" for k in range(len(w.spec.inputs[n].shape))]
-    params = [a_param, b_param, v_param, "out_desc"] + pointers + dims
+    params = [a_param, b_param, v_param, "out_desc"] + pointers + [f"{t.param}_ptr" for t in w.tables.values()] + dims
     shared = ["a_smem", "b_smem", "v_smem", "a_bar", "a_free", "kv_ready", "kv_empty", "turns"]
     consts = ["BLOCK_I", "BLOCK_J", "STAGES"] + (["ORDER"] if ordered else [])
     dt = GLUON_DTYPE[w.dtype]
     dims_of = (lambda blocks: "[" + ", ".join(blocks) + "]")
     nbytes = f"{a_param}.block_type.nbytes"
     tile_body = head + bounds + [
-        "n = gl.cdiv(hi - lo, BLOCK_J)",
+        f"n = {listed[0]}" if listed else "n = gl.cdiv(hi - lo, BLOCK_J)",
         "# A goes first in a program's first tile (the first product needs it); in later tiles it is copied after",
         "# the tile's first blocks, which go while the last tile's output still leaves through A",
         "a_after = gl.minimum(n, STAGES * gl.minimum(tiles_done, 1))",
@@ -209,7 +235,7 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
         f"        mbarrier.expect(a_bar, {nbytes})",
         f"        tma.async_copy_global_to_shared({a_param}, [{', '.join(a_coords)}], a_bar, a_smem)",
         "    if blk < n:",
-        "        start = lo + blk * BLOCK_J",
+        f"        start = {listed[1]}" if listed else "        start = lo + blk * BLOCK_J",
         "        stage = it % STAGES",
         "        mbarrier.wait(kv_empty.index(stage), ((it // STAGES) & 1) ^ 1)",
         f"        mbarrier.expect(kv_ready.index(stage), {b_param}.block_type.nbytes + {v_param}.block_type.nbytes)",
@@ -243,8 +269,13 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
         "mbarrier.wait(a_bar, tiles_done & 1)"]
     # (peeling the first block out of the loops, to skip its empty P V, ran slower on an H100: 0.75x cuDNN
     # instead of 0.84x at grouped-query S 1024, 0.95x instead of 1.00x at global S 4096)
-    for lo, hi, masked in (("lo", "full_lo", True), ("full_lo", "full_hi", False), ("full_hi", "hi", True)):
-        tile_body.append(f"for start in range({lo}, {hi}, BLOCK_J):")
+    if listed:   # the partial blocks with the mask's test, then the full ones without it
+        loops = ((listed[2], True), (listed[3], False))
+    else:
+        loops = (([f"for start in range({lo}, {hi}, BLOCK_J):"], masked) for lo, hi, masked in
+                 (("lo", "full_lo", True), ("full_lo", "full_hi", False), ("full_hi", "hi", True)))
+    for header, masked in loops:
+        tile_body += header
         tile_body += ["    " + x for x in _block_lines(w, f"body0{'m' if masked else 'u'}", masked)]
     tile_body += ["# the last block's P V (a turn is taken even without blocks, so both consumers take as many)"]
     tile_body += [

@@ -59,6 +59,16 @@ class GluonWriter(KernelWriter):
             if name not in self.pointer_inputs:
                 self.pointer_inputs.append(name)
             return super().load(t, order, blk)
+        if order in ((self.row,), (self.loop,)):
+            # a vector along the rows or the keys (a document id per position): a masked pointer load in the
+            # layout of that axis's offsets
+            if name not in self.pointer_inputs:
+                self.pointer_inputs.append(name)
+            self.tma = False
+            try:
+                return super().load(t, order, blk)
+            finally:
+                self.tma = True
         if set(order) == {self.row, self.inner_axis()} and blk == "prologue":
             role = "a"
         elif set(order) == {self.loop, self.inner_axis()}:

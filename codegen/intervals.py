@@ -347,7 +347,8 @@ def _block_lists(cls):
     """Per (program's table entry, row block): the partial key blocks, then the full ones, as
     [count, block indices ascending...] rows of int32 (a [entries, 2, key blocks + 1] block), followed by the
     row blocks in order of decreasing work summed over the entries (the order programs start in, so the
-    longest run first and the last wave is short), then whether that work is skewed, flat."""
+    longest run first and the last wave is short), then whether that work is skewed, then the numbers of
+    partial and of full blocks in all the lists, flat."""
     n_rb, n_kb = cls.shape[-2], cls.shape[-1]
     cls = cls.flatten(0, -2)   # (not reshape(-1, n_kb): no key blocks at all is a size, e.g. an empty KV shard)
     out = torch.zeros(cls.shape[0], 2, n_kb + 1, dtype=torch.int32, device=cls.device)
@@ -360,4 +361,5 @@ def _block_lists(cls):
     # last: 1 where a few row blocks hold most of the work (global tokens: their row sees every key)
     skewed = (work.max() > 4 * work.float().mean()).to(torch.int32).reshape(1) if work.numel() else \
         torch.zeros(1, dtype=torch.int32, device=cls.device)
-    return torch.cat([out.reshape(-1), order, skewed])
+    totals = out[:, :, 0].sum(0, dtype=torch.int32)
+    return torch.cat([out.reshape(-1), order, skewed, totals])

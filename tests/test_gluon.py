@@ -5,11 +5,13 @@ Gluon kernels run on Hopper GPUs only (no interpreter): here they are compiled f
 outputs are checked against float64 on the GPU by bench/suite/attention.py (bench/results/h100/2026-11-22-gluon-kernels).
 """
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
+from neptune_eqsat.codegen import module
 from neptune_eqsat.codegen.gluon import eligible, tile_lines
 from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
 from neptune_eqsat.tune.database import candidates, tune
@@ -72,7 +74,9 @@ for path in sys.argv[1:]:
             layout = gl.NVMMASharedLayout.get_default_for(block, gl.float16)
             signature[p.name] = f"tensordesc<fp16[{', '.join(map(str, block))}],{layout!r}>"
         elif p.name.endswith("_ptr"):
-            signature[p.name] = {"float32": "*fp32", "float16": "*fp16"}[mod.INPUTS[p.name[:-4]][0]]
+            # an input's dtype, or a block table's int32 lists
+            signature[p.name] = {"float32": "*fp32", "float16": "*fp16", None: "*i32"}[
+                mod.INPUTS.get(p.name[:-4], (None,))[0]]
         else:
             signature[p.name] = "i32"
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs=constants),
@@ -104,6 +108,68 @@ def test_the_gluon_kernels_compile_for_hopper_as_three_partitions(tmp_path):
         assert 3 * 2 * 128 * 128 * 2 < int(shared) <= 232448   # three stages of K and V, Q, within 227 KiB
         assert int(products) > 0
         assert "('inc', '240')" in regs and "('dec', '24')" in regs
+
+
+def _listed_mask_sources() -> dict[str, object]:
+    """Modules of masks whose key blocks are listed at run time (blocks.py), each with its spec: two of
+    positions (prefix-LM; a sliding window with sink keys under grouped-query heads and a soft-cap) and one
+    reading a document id per position."""
+    import torch
+    from neptune_eqsat import compiled as compiled_modules, flex
+    doc = torch.repeat_interleave(torch.arange(4), torch.tensor([3, 20, 9, 32]))
+
+    def prefix_lm(b, h, i, j):
+        return (j < 24) | (i >= j)
+
+    def window_sinks(b, h, i, j):
+        return (i >= j) & ((i - j < 16) | (j < 4))
+
+    def document_causal(b, h, i, j):
+        return (doc[i] == doc[j]) & (i >= j)
+
+    def softcap(score, b, h, i, j):
+        return 30.0 * torch.tanh(score / 30.0)
+    sources = {}
+    for name, score_mod, mask_mod, kv_heads in (("prefix_lm", None, prefix_lm, 8),
+                                                ("window_sinks_gqa_softcap", softcap, window_sinks, 2),
+                                                ("documents", None, document_causal, 8)):
+        q = torch.empty(1, 8, 64, 128, dtype=torch.float16)
+        k = torch.empty(1, kv_heads, 64, 128, dtype=torch.float16)
+        problem = flex._problem(q, k, k, None, kv_heads != 8)
+        spec = flex.trace(score_mod, mask_mod, problem)[0]
+        sources[name] = compiled_modules.cached_source(flex.plan_key(spec, problem), spec).read_text()
+    return sources
+
+
+def test_listed_masks_of_positions_get_a_gluon_kernel_that_walks_their_lists(tmp_path):
+    """A mask of positions classified per block (blocks.py): the Gluon kernel takes its row blocks in the table's
+    order, copies the partial then the full key blocks, tests bounds and the mask in the partial ones only, and
+    compiles for an H100 as three partitions; the launcher takes it only where the table is not skewed and at
+    most half its blocks are partial. A table rebuilt from tensors every call keeps the Triton kernel."""
+    sources = _listed_mask_sources()
+    assert "_gluon_kernel(" not in sources.pop("documents")
+    paths = []
+    for name, source in sources.items():
+        assert "blocks0_ptr" in source.split("_producer(")[1].split(")")[0], name
+        consumer = source.split("_consumer(")[1].split("@gluon.jit")[0]
+        partial, full = consumer.split("for blk in range(0, blocks0_partial):")[1].split(
+            "for blk in range(0, blocks0_full):")
+        full = full.split("# the last block")[0]
+        assert "valid_j = offs_j <" in partial and "valid_j" not in full   # full blocks: no bound test
+        masked = re.compile(r"gl\.where\(t\d+, t\d+, float\('-inf'\)\)")   # a masked score
+        assert masked.search(partial) and not masked.search(full)
+        assert f"blocks0_partial_share <= {module.GLUON_PARTIAL_SHARE}" in source
+        paths.append(tmp_path / f"{name}.py")
+        paths[-1].write_text(source)
+    script = tmp_path / "ptx.py"
+    script.write_text(GLUON_PTX)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    lines = subprocess.run([sys.executable, str(script), *map(str, paths)], env=env, check=True,
+                           capture_output=True, text=True, timeout=900).stdout.splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        _, warps, _, products, regs = line.split(maxsplit=4)
+        assert int(warps) == 12 and int(products) > 0 and "('inc', '240')" in regs
 
 
 def _tiles_run(programs, row_blocks, heads, order):

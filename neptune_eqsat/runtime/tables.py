@@ -11,13 +11,14 @@ from neptune_eqsat.runtime.ahead import _warming
 from neptune_eqsat.runtime.launch import _Recording, _replay_enabled
 
 # ---- copied into every generated module from here on
-_TABLES = {}   # (builder, block sizes, sizes, device) -> (block table of a predicate of positions only, skewed)
+_TABLES = {}   # (builder, block sizes, sizes, device) -> (block table of a predicate of positions only, its flags)
 
 
 def _block_table(rec, build, consts, tensors):
-    """The key blocks each row block visits, and whether a few row blocks hold most of the work (None where it is
-    not read): built once per sizes when the mask reads positions only (reading the flag then is the only wait
-    for the GPU it costs), and again whenever the tensors it reads change."""
+    """The key blocks each row block visits, whether a few row blocks hold most of the work, and the share of the
+    visited blocks that are partial (both None where they are not read): built once per sizes when the mask
+    reads positions only (reading those numbers then is the only wait for the GPU it costs), and again
+    whenever the tensors it reads change."""
     if not tensors:
         key = (build, *consts)
         hit = _TABLES.get(key)
@@ -25,11 +26,12 @@ def _block_table(rec, build, consts, tensors):
             if len(_TABLES) > 256:
                 _TABLES.clear()
             t = build(*consts)
-            hit = _TABLES[key] = (t, bool(t[-1].item()))
-        return (rec.constant(hit[0]) if rec is not None else hit[0]), hit[1]
+            skewed, partial, full = t[-3:].tolist()   # (intervals._block_lists)
+            hit = _TABLES[key] = (t, bool(skewed), partial / max(partial + full, 1))
+        return (rec.constant(hit[0]) if rec is not None else hit[0]), hit[1], hit[2]
     rebuild = functools.partial(_derived_table, build, consts)
     t = rebuild(*tensors)
-    return (rec.derived(rebuild, tensors, t) if rec is not None else t), None
+    return (rec.derived(rebuild, tensors, t) if rec is not None else t), None, None
 
 
 def _row_order(skewed, cfg, config):
