@@ -149,7 +149,7 @@ def _match(sched: Schedule, name: str) -> WarpSpecialized:
     table = pass_table(w, 0, reds)   # a mask whose key blocks are listed at run time (blocks.py)
     if table is not None and table.tensors:
         raise NotEligible("the mask's key blocks are listed from tensors at every call, whose table the launcher "
-                          "cannot read without waiting for it (module.GLUON_PARTIAL_SHARE)")
+                          "cannot read without waiting for it (gluon.GLUON_PARTIAL_SHARE)")
     ordered = grows is not None and grows.work_grows and table is None
     if table is None:
         head = tile_lines(row_blocks, grid_tiles, tiles, ordered)
@@ -333,3 +333,17 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
     w.params, w.constexprs = params, consts
     w.out_block = ["1"] * (len(out_coords) - 2) + [str(ROWS), w.ext(col)]
     return src, w
+
+
+# A listed mask runs the Gluon kernel where its table is of positions only, not skewed, and at most this share of
+# its blocks is partial. On an H200 (bench/results/h200/2026-11-26-masks/gluon-for-every-listed-mask) it ran prefix-LM, block-causal,
+# chunked and sliding-window masks 1.05-1.3x faster than the Triton kernel, but masks of mostly partial blocks
+# (dilated windows, neighborhoods: the mask tested per element) 0.8-0.9x, global tokens (skewed) 0.7x, and
+# document masks at 4096 0.6-0.8x; a table rebuilt from tensors per call cannot be read without a wait.
+GLUON_PARTIAL_SHARE = 0.5
+
+
+def lists_suit_gluon(w: GluonWriter) -> str:
+    """The condition under which a listed mask's call takes the Gluon kernel (GLUON_PARTIAL_SHARE)."""
+    return " and ".join(f"{t.param}_partial_share is not None and not {t.param}_skewed and "
+                        f"{t.param}_partial_share <= {GLUON_PARTIAL_SHARE}" for t in w.tables.values())

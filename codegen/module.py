@@ -16,7 +16,7 @@ from neptune_eqsat.plan.schedule import Schedule
 from . import blocks
 from .defaults import (COMBINE_CPU, COMBINE_GPU, CONTRACTION_LOOP_BLOCK, GLUON_CONFIG, SPLIT_KEYS,
                        VECTOR_ROWS_CONFIG, default_blocks, whole_row_lines)
-from .gluon import WarpSpecialized, match_warp_specialized, render_warp_specialized
+from .gluon import WarpSpecialized, lists_suit_gluon, match_warp_specialized, render_warp_specialized
 from .gluon_writer import CONSUMERS, ROWS, GluonWriter
 from .kernel import KernelWriter, grid_sizes, jit_decorator
 from .triton_kernel import kernel_source
@@ -208,20 +208,6 @@ def _descriptor_lines(w: KernelWriter, cfg: str) -> list[str]:
     return lines
 
 
-# A listed mask runs the Gluon kernel where its table is of positions only, not skewed, and at most this share of
-# its blocks is partial. On an H200 (bench/results/h200/2026-11-26-masks-gluon) it ran prefix-LM, block-causal,
-# chunked and sliding-window masks 1.05-1.3x faster than the Triton kernel, but masks of mostly partial blocks
-# (dilated windows, neighborhoods: the mask tested per element) 0.8-0.9x, global tokens (skewed) 0.7x, and
-# document masks at 4096 0.6-0.8x; a table rebuilt from tensors per call cannot be read without a wait.
-GLUON_PARTIAL_SHARE = 0.5
-
-
-def _gluon_lists(w: GluonWriter) -> str:
-    """The condition under which a listed mask's call takes the Gluon kernel (GLUON_PARTIAL_SHARE)."""
-    return " and ".join(f"{t.param}_partial_share is not None and not {t.param}_skewed and "
-                        f"{t.param}_partial_share <= {GLUON_PARTIAL_SHARE}" for t in w.tables.values())
-
-
 def _gluon_launch(w: GluonWriter, sched: Schedule) -> list[str]:
     """Launcher lines running the Gluon kernel when the config asks for it on a Hopper GPU and every descriptor
     can be built; they open an if whose else runs the Triton kernel."""
@@ -241,7 +227,7 @@ def _gluon_launch(w: GluonWriter, sched: Schedule) -> list[str]:
               "'num_warps': 4, 'maxnreg': %d}" % (GLUON_ROWS, "'ORDER': cfg['WS_ORDER'], " if "ORDER" in w.constexprs
                                                   else "", GLUON_MAXNREG),
               *["    " + blocks.builder_call(t, w, "gluon_cfg", ("BLOCK_I", "BLOCK_J")) for t in w.tables.values()],
-              *([f"        use_gluon = {_gluon_lists(w)}", "    if use_gluon:"] if w.tables else []),
+              *([f"        use_gluon = {lists_suit_gluon(w)}", "    if use_gluon:"] if w.tables else []),
               f"        gluon_args = ({_call_args(w.params)},)",
               "        gluon_consts = (%s,)" % ", ".join(f"gluon_cfg[{c!r}]" for c in w.constexprs),
               f"        use_gluon = _gluon_ready({kernel}, gluon_args, gluon_cfg, gluon_consts, config)",

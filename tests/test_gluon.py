@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from neptune_eqsat.codegen import module
+from neptune_eqsat.codegen import gluon
 from neptune_eqsat.codegen.gluon import eligible, tile_lines
 from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
 from neptune_eqsat.tune.database import candidates, tune
@@ -158,7 +158,7 @@ def test_listed_masks_of_positions_get_a_gluon_kernel_that_walks_their_lists(tmp
         assert "valid_j = offs_j <" in partial and "valid_j" not in full   # full blocks: no bound test
         masked = re.compile(r"gl\.where\(t\d+, t\d+, float\('-inf'\)\)")   # a masked score
         assert masked.search(partial) and not masked.search(full)
-        assert f"blocks0_partial_share <= {module.GLUON_PARTIAL_SHARE}" in source
+        assert f"blocks0_partial_share <= {gluon.GLUON_PARTIAL_SHARE}" in source
         paths.append(tmp_path / f"{name}.py")
         paths[-1].write_text(source)
     script = tmp_path / "ptx.py"
