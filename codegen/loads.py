@@ -39,10 +39,10 @@ class Loads:
         pointer_load = f"{self.lang}.load({' + '.join(parts)}{mask}{hint})"
         via_descriptor = self.descriptor_load(t, order) if self.tma else None
         uniform = None if via_descriptor is not None else \
-            uniform_load(self, t, order, blk, self.fresh("ld"), pointer_load, " & ".join(checks))
+            uniform_load(self, t, order, blk, pointer_load, " & ".join(checks))
         if uniform is not None:   # a gather whose index may be one value over the block (uniform.py)
-            var = uniform[-1].split(" = ")[0].strip()
-            self.blocks[blk] += uniform
+            var, lines = uniform
+            self.blocks[blk] += lines
         elif via_descriptor is None:
             var = self.put(blk, pointer_load, "ld")
         else:   # the copy engine where the launcher could build a descriptor, pointer loads otherwise

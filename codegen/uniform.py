@@ -97,10 +97,11 @@ def block_ranges(w, index: tuple[Term, ...]) -> tuple[list[str], list[tuple[str,
         return None
 
 
-def uniform_load(w, t: Term, order: tuple[str, ...], blk: str, var: str, gather: str, mask: str) -> list[str] | None:
-    """Lines setting `var` to tensor t's tile: one read where its index is one value over the block, the gather
-    `gather` elsewhere; None where the load is not a gather over the rows and keys of a loop body, or its index
-    is not ranged."""
+def uniform_load(w, t: Term, order: tuple[str, ...], blk: str, gather: str,
+                 mask: str) -> tuple[str, list[str]] | None:
+    """(A variable, lines setting it to tensor t's tile): one read where its index is one value over the block,
+    the gather `gather` elsewhere; None where the load is not a gather over the rows and keys of a loop body, or
+    its index is not ranged."""
     if w.lang != "tl" or set(order) != {w.row, w.loop} or len(order) != 2 or blk != w.ctx.body:
         return None
     if not all(w.row in x.free and w.loop in x.free or not (x.free & {w.row, w.loop}) for x in t.args) or \
@@ -117,5 +118,6 @@ def uniform_load(w, t: Term, order: tuple[str, ...], blk: str, var: str, gather:
     value = f"tl.zeros([{shape}], tl.float32) + tl.load({name}_ptr + {offset}).to(tl.float32)"
     if mask:
         value = f"tl.where({mask}, {value}, 0.0)"
-    return lines + [f"if {one}:", f"    {var} = ({value}).to({name}_ptr.dtype.element_ty)", "else:",
-                    f"    {var} = {gather}"]
+    var = w.fresh("ld")
+    return var, lines + [f"if {one}:", f"    {var} = ({value}).to({name}_ptr.dtype.element_ty)", "else:",
+                         f"    {var} = {gather}"]
