@@ -120,8 +120,8 @@ class _Emitter:
     def rounded(self, lo, hi, new):
         """[lo, hi] widened to hold the same operation rounded in float32 (as intervals._iv_rounded)."""
         edge, tiny = f"{_FLT_EDGE!r}", f"{2.0 ** -126!r}"
-        lo = new(f"{lo} - tl.abs({lo}) * {_ROUNDING!r} - {tiny}")
-        hi = new(f"{hi} + tl.abs({hi}) * {_ROUNDING!r} + {tiny}")
+        lo = new(f"tl.where(tl.abs({lo}) == {INF}, {lo}, {lo} - tl.abs({lo}) * {_ROUNDING!r} - {tiny})")
+        hi = new(f"tl.where(tl.abs({hi}) == {INF}, {hi}, {hi} + tl.abs({hi}) * {_ROUNDING!r} + {tiny})")
         return new(f"tl.where({lo} <= -{edge}, -{INF}, {lo})"), new(f"tl.where({hi} >= {edge}, {INF}, {hi})")
 
     def widen(self, lo, hi, new):

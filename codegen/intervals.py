@@ -49,9 +49,9 @@ _FLT_EDGE = 2.0 ** 127
 
 
 def _iv_rounded(lo, hi):
-    """[lo, hi] widened to hold the same operation rounded in float32."""
-    lo = lo - lo.abs() * _ROUNDING - 2.0 ** -126
-    hi = hi + hi.abs() * _ROUNDING + 2.0 ** -126
+    """[lo, hi] widened to hold the same operation rounded in float32 (an infinite bound stays)."""
+    lo = torch.where(torch.isinf(lo), lo, lo - lo.abs() * _ROUNDING - 2.0 ** -126)
+    hi = torch.where(torch.isinf(hi), hi, hi + hi.abs() * _ROUNDING + 2.0 ** -126)
     return torch.where(lo <= -_FLT_EDGE, -math.inf, lo), torch.where(hi >= _FLT_EDGE, math.inf, hi)
 
 
