@@ -101,7 +101,7 @@ def build_lists(pred: ir.Term, L: int, S: int, bm: int, bn: int, tensors: dict, 
         build = load_module(source, "block_classes").build
     used = [tensors[n] for n in table.tensors]
     sizes = {"L": L, "S": S, str(H): H}
-    device = torch.device("cpu" if kind == "torch" else DEVICE)
+    device = torch.empty(0, device="cpu" if kind == "torch" else DEVICE).device   # (cuda with its index)
     return build(bm, bn, device, *[sizes[s] for s in _sizes(table)], *used).cpu().numpy()
 
 

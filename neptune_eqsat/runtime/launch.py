@@ -163,7 +163,11 @@ def _ticket_buffer(device, stream, count):
 
 
 def _current_stream(device):
-    return triton.runtime.driver.active.get_current_stream(device.index) if device.type == "cuda" else 0
+    if device.type != "cuda":
+        return 0
+    # (a device named without an index, torch.device("cuda"), is the current one)
+    return triton.runtime.driver.active.get_current_stream(
+        device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _tickets(rec, device, count):
