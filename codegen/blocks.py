@@ -172,7 +172,7 @@ def kernel_lines(table: BlockTable, w) -> tuple[list[str], list[str], list[str],
     flat = "0"
     for g in table.grid_axes:
         flat = g if flat == "0" else f"({flat}) * {w.ext(g)} + {g}"
-    n_kb, n_rb = _block_counts(w)
+    n_kb, n_rb = block_counts(w)
     bj, p, L = w.block(w.loop), table.param, w.lang
     lines = [f"n_kb = {n_kb}",
              f"{p}_row = ({flat}) * {n_rb} + pid_row",
@@ -194,7 +194,7 @@ def kernel_lines(table: BlockTable, w) -> tuple[list[str], list[str], list[str],
     return lines, partial, full, both
 
 
-def _block_counts(w) -> tuple[str, str]:
+def block_counts(w) -> tuple[str, str]:
     """Kernel code for the numbers of key blocks and of row blocks."""
     return tuple(f"(({w.ext(a)} + {w.block(a)} - 1) // {w.block(a)})" for a in (w.loop, w.row))
 
@@ -202,7 +202,7 @@ def _block_counts(w) -> tuple[str, str]:
 def order_code(table: BlockTable, w) -> str:
     """The row block of the program whose rank is program axis {0}, read from the order after the lists (see
     intervals._block_lists): after one list pair per row block of each grid value the predicate reads."""
-    n_kb, n_rb = _block_counts(w)
+    n_kb, n_rb = block_counts(w)
     entries = " * ".join([w.ext(g) for g in table.grid_axes] + [n_rb])
     return f"tl.load({table.param}_ptr + ({entries}) * (2 * {n_kb} + 2) + tl.program_id({{}}))"
 

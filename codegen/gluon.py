@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from neptune_eqsat.plan.schedule import Schedule
 
-from .blocks import _block_counts, kernel_lines
+from .blocks import block_counts, kernel_lines
 from .gluon_writer import CONSUMERS, GLUON_DTYPE, ROWS, GluonWriter, NotEligible
 from .kernel import grid_sizes, jit_decorator
 from .loops import grid_index_lines, mask_bounds, pass_bounds, pass_table
@@ -154,7 +154,7 @@ def _match(sched: Schedule, name: str) -> WarpSpecialized:
     if table is None:
         head = tile_lines(row_blocks, grid_tiles, tiles, ordered)
     else:   # row blocks in the table's order, most key blocks first, one grid index after another
-        n_kb, n_rb = (_gluon_blocks(x, w) for x in _block_counts(w))
+        n_kb, n_rb = (_gluon_blocks(x, w) for x in block_counts(w))
         entries = " * ".join([w.ext(g) for g in table.grid_axes] + [n_rb])
         head = ["tile = slot", f"pid_grid = tile // {row_blocks}",
                 f"pid_row = gl.load({table.param}_ptr + ({entries}) * (2 * {n_kb} + 2) + tile % {row_blocks})"]
@@ -336,10 +336,11 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
 
 
 # A listed mask runs the Gluon kernel where its table is of positions only, not skewed, and at most this share of
-# its blocks is partial. On an H200 (bench/results/h200/2026-11-26-masks/gluon-for-every-listed-mask) it ran prefix-LM, block-causal,
-# chunked and sliding-window masks 1.05-1.3x faster than the Triton kernel, but masks of mostly partial blocks
-# (dilated windows, neighborhoods: the mask tested per element) 0.8-0.9x, global tokens (skewed) 0.7x, and
-# document masks at 4096 0.6-0.8x; a table rebuilt from tensors per call cannot be read without a wait.
+# its blocks is partial. On an H200 (bench/results/h200/2026-11-26-masks/gluon-for-every-listed-mask) it ran
+# prefix-LM, block-causal, chunked and sliding-window masks 1.05-1.3x faster than the Triton kernel, but masks of
+# mostly partial blocks (dilated windows, neighborhoods: the mask tested per element) 0.8-0.9x, global tokens
+# (skewed) 0.7x, and document masks at 4096 0.6-0.8x; a table rebuilt from tensors per call cannot be read
+# without a wait.
 GLUON_PARTIAL_SHARE = 0.5
 
 

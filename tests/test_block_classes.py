@@ -200,7 +200,8 @@ def test_the_classifying_kernel_is_sound_and_agrees_with_the_torch_builder(pred,
         tail = entries * 2 * (n_kb + 1)
         torch_lists = build_lists(pred, L, S, bm, bn, tensors)
         kernel_lists = build_lists(pred, L, S, bm, bn, tensors, "kernel")
-        assert (kernel_lists[tail:tail + n_rb + 1] == torch_lists[tail:tail + n_rb + 1]).all(), "row order or skew flag differs"
+        order_and_skew = slice(tail, tail + n_rb + 1)
+        assert (kernel_lists[order_and_skew] == torch_lists[order_and_skew]).all(), "row order or skew flag differs"
 
 
 @pytest.mark.parametrize("kind", ["torch", "kernel"])
