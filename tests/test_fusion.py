@@ -170,6 +170,8 @@ def test_a_malformed_extracted_term_is_rejected_not_scheduled():
     by_product = ir.red("mul", "j", ir.load("x", ir.axis("r"), ir.axis("j")))   # seen once in a backward spec
     assert "a reduction by 'mul', not a reducer" in _malformed(spec, by_product)
     assert "not an input" in _malformed(spec, ir.load("y", ir.axis("r")))
+    named_by_an_axis = ir.bin("j", ir.load("x", ir.axis("r"), ir.axis("j")), ir.const(1.0))   # seen once in a mask
+    assert "an operation 'j', not in the op registry" in _malformed(spec, named_by_an_axis)
 
 
 def test_when_every_extraction_is_malformed_the_spec_as_written_is_compiled(monkeypatch):

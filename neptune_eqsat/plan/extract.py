@@ -154,8 +154,10 @@ def _as_written(spec: Spec, sizes: dict[str, int], device) -> list[Candidate]:
 
 def _malformed(spec: Spec, term: Term) -> str:
     """Why an extracted term is not a term of the spec (a reduction by an unknown reducer or over an axis the
-    spec lacks, a read of an unknown input), or "" when it is one."""
+    spec lacks, an operation the registry lacks, a read of an unknown input), or "" when it is one."""
     for t in ir.walk(term):
+        if t.op in ops.OPS and t.attrs[0] not in ops.OPS[t.op]:
+            return f"an operation {t.attrs[0]!r}, not in the op registry: {ir.show(t)[:120]}"
         if ir.is_reduction(t) and t.attrs[0] not in ir.REDUCERS:
             return f"a reduction by {t.attrs[0]!r}, not a reducer: {ir.show(t)[:120]}"
         if ir.is_reduction(t) and t.attrs[1] not in spec.axes_:
