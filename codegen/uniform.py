@@ -5,8 +5,9 @@ relative-position bucket) gathers a tile per key block, one load per element. Fa
 bucketed index is the same at every element of the block, and the gather is a scalar read. The kernel computes
 each index's range over the block (the rows i_lo..i_hi, the keys start..start + block - 1, both within their
 extents) by interval arithmetic on scalars, and where every index is one value it reads that one element; the
-gather runs elsewhere. Only index terms of positions, grid values, sizes and constants through + - * min max
-abs and floor division or remainder by a positive constant are ranged; any other index keeps the gather.
+gather runs elsewhere. Only index terms of positions, grid values, sizes and integer constants through + - *
+min max abs and floor division or remainder by a positive constant are ranged: integers, which the kernel
+computes exactly as these float64 bounds do. Any other index keeps the gather.
 """
 from __future__ import annotations
 
@@ -49,10 +50,10 @@ def block_ranges(w, index: tuple[Term, ...]) -> tuple[list[str], list[tuple[str,
         if op == "dim":
             v = new(f"{at[0]} + {_F64}")
             return v, v
-        if op == "const":
+        if op == "const" and float(at[0]).is_integer():
             v = new(f"tl.full([], {float(at[0])!r}, tl.float64)")
             return v, v
-        if op == "cast":
+        if op == "cast" and at[0] in ("f32", "f64"):   # (exact for the integers of positions)
             return iv(ar[0])
         if op == "un" and at[0] in ("neg", "abs"):
             lo, hi = iv(ar[0])
@@ -104,8 +105,8 @@ def uniform_load(w, t: Term, order: tuple[str, ...], blk: str, gather: str,
     its index is not ranged."""
     if w.lang != "tl" or set(order) != {w.row, w.loop} or len(order) != 2 or blk != w.ctx.body:
         return None
-    if not all(w.row in x.free and w.loop in x.free or not (x.free & {w.row, w.loop}) for x in t.args) or \
-            not any({w.row, w.loop} <= x.free for x in t.args):
+    both = {w.row, w.loop}
+    if any(x.free & both and not both <= x.free for x in t.args) or not any(both <= x.free for x in t.args):
         return None   # an index of one position only is a vector load, cheap already
     ranged = block_ranges(w, t.args)
     if ranged is None:
