@@ -29,7 +29,7 @@ class GluonWriter(KernelWriter):
 
     def __init__(self, sched: Schedule, name: str):
         super().__init__(sched, name)
-        self.tma = True
+        self.tma = False   # (Gluon has no descriptor loads of a tile: the matrix operands move by load's roles)
         self.operands: dict[str, tuple[str, list[str], list[str]]] = {}   # role -> (param, coords, blocks)
         self.dtype: str | None = None
         self.product: Term | None = None        # the reduction over the loop axis that is a matrix product
@@ -64,11 +64,7 @@ class GluonWriter(KernelWriter):
             # layout of that axis's offsets
             if name not in self.pointer_inputs:
                 self.pointer_inputs.append(name)
-            self.tma = False
-            try:
-                return super().load(t, order, blk)
-            finally:
-                self.tma = True
+            return super().load(t, order, blk)
         if set(order) == {self.row, self.inner_axis()} and blk == "prologue":
             role = "a"
         elif set(order) == {self.loop, self.inner_axis()}:
