@@ -76,6 +76,8 @@ def _check_shape(sched: Schedule) -> None:
         raise NotEligible(f"{sched.passes} passes over {sched.loop}: the reductions are not all rolled into one")
     if spec.output_index is not None or tuple(spec.output_axes[-2:]) != (sched.row, sched.col):
         raise NotEligible("the output is not written as [..., row, col]")
+    if spec.also:
+        raise NotEligible(f"{1 + len(spec.also)} outputs: the warp-specialized kernel writes one")
     if len(sched.inner) != 1:
         raise NotEligible(f"in-tile reduction axes {sched.inner}: the per-block product needs exactly one")
     for ax in (sched.col, sched.inner[0]):

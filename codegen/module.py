@@ -19,7 +19,7 @@ from .defaults import (COMBINE_CPU, COMBINE_GPU, CONTRACTION_LOOP_BLOCK, GLUON_C
 from .gluon import WarpSpecialized, lists_suit_gluon, match_warp_specialized, render_warp_specialized
 from .gluon_writer import CONSUMERS, ROWS, GluonWriter
 from .kernel import KernelWriter, grid_sizes, jit_decorator
-from .triton_kernel import kernel_source
+from .triton_kernel import kernel_source, outputs
 from . import split_entry
 
 GLUON_IMPORTS = """from triton.experimental import gluon
@@ -100,8 +100,8 @@ def forward({args}, *, config=None):
 {dims}
 {launch}
     if rec is not None:
-        _REPLAYS[key] = (rec.replay(device, out), stale_when)
-    return out
+        _REPLAYS[key] = (rec.replay(device, {result}), stale_when)
+    return {result}
 {split_entry}'''
 
 TORCH_DTYPE = {"f16": "torch.float16", "bf16": "torch.bfloat16", "f32": "torch.float32", "f64": "torch.float64"}
@@ -246,9 +246,7 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
     bucket; a bucket not measured on the GPU of a call takes the config measured on `tuned_for`."""
     sched, spec, plan_text = plan.schedule, plan.spec, plan.text()
     inputs = list(spec.inputs)
-    shape = spec.output_shape or [spec.extent(a) for a in spec.output_axes]
-    out_alloc = (f"    out = _empty(rec, ({', '.join(str(e) if isinstance(e, int) else e.name for e in shape)},), "
-                 f"{TORCH_DTYPE[spec.output_dtype]}, device)")
+    out_alloc, result = _output_lines(spec)
     gpu, cpu = default_blocks(sched)
     helpers = gluon_imports = split_entry_src = ""
     if sched.split:
@@ -330,9 +328,22 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
         tuned_for=tuned_for,
         gluon_imports=gluon_imports, inputs_table=inputs_table, lengths=lengths, quick=_quick_config(gpu),
         any_length=_any_length_source(twins), args=", ".join(inputs), first=inputs[0], dims=dims or "    pass",
-        launch="\n".join(launch), doc=f"{spec.name}: inputs {', '.join(inputs)}; returns {spec.output_name}.",
+        launch="\n".join(launch), result=result,
+        doc=f"{spec.name}: inputs {', '.join(inputs)}; returns {', '.join([spec.output_name] + [o.name for o in spec.also])}.",
         split_entry=split_entry_src.replace("@ARGS@", ", ".join(inputs)).replace("@DIMS@", dims or "    pass"),
     )
+
+
+def _output_lines(spec) -> tuple[str, str]:
+    """The launcher's allocation of every output (one string, for its place in the launch lines), and what
+    forward returns: the output, or a tuple of them in the spec's order."""
+    lines = []
+    for stem, axes, dtype, _ in outputs(spec):
+        shape = spec.output_shape if stem == "out" and spec.output_shape else [spec.extent(a) for a in axes]
+        dims = ", ".join(str(e) if isinstance(e, int) else e.name for e in shape)
+        lines.append(f"    {stem} = _empty(rec, ({dims}{',' if len(shape) == 1 else ''}), {TORCH_DTYPE[dtype]}, device)")
+    stems = [stem for stem, _, _, _ in outputs(spec)]
+    return "\n".join(lines), (stems[0] if len(stems) == 1 else f"({', '.join(stems)})")
 
 
 def _runtime_source() -> str:

@@ -171,7 +171,7 @@ def triton_kernel(sched: Schedule, name: str, partials: list | None = None, *, c
                            w.blocks[f"pre{p}"], w.blocks[f"init{p}"], bounds, loop_lines))
         done |= set(reds)
 
-    out_axes = {"out": spec.output_index or spec.output_axes}
+    out_axes = {stem: index or axes for stem, axes, _, index in outputs(spec)}
     if partials:
         epilogue = ["# this chunk's partial results"] + _store_partials(w, partials)
         out_axes = {**{p.name: ("chunk",) + p.axes for p in partials}, **(out_axes if combine else {})}
@@ -234,36 +234,51 @@ def _store_partials(w: KernelWriter, partials: list) -> list[str]:
     return lines
 
 
+def outputs(spec) -> list[tuple[str, tuple[str, ...], str, tuple | None]]:
+    """(pointer stem, axes, dtype, store index) of each output the kernel writes: the first as `out`, further
+    ones (spec.also) as out1, out2, ... in order."""
+    first = [("out", spec.output_axes, spec.output_dtype, spec.output_index)]
+    return first + [(f"out{k + 1}", o.axes, o.dtype, None) for k, o in enumerate(spec.also)]
+
+
 def _store_output(w: KernelWriter, sched: Schedule, done: set) -> list[str]:
     spec, loop = sched.spec, sched.loop
     body: list[str] = []
-    out_tile = w.canon({a for a in spec.output_axes if a in w.tile_axes})
     w.ctx = Context("write" if sched.writes_loop else "epilogue", "pre_out" if sched.writes_loop else "epilogue",
                     complete=set(done), running=set())
     if sched.writes_loop:
         w.blocks["write"] += [f"offs_{loop} = start + tl.arange(0, {w.block(loop)})",
                               f"valid_{loop} = offs_{loop} < {w.ext(loop)}"]
-    v = w.emit(sched.term)
-    dt = dtype_code("tl", spec.output_dtype)
-    shape = ", ".join(w.block(a) for a in out_tile)
-    value = w.expand(w.as_float(v), out_tile)
-    if set(v.axes) != set(out_tile):
-        value = f"({value} + tl.zeros([{shape}], tl.float32))"
-    index = spec.output_index or tuple(ir.axis(a) for a in spec.output_axes)
-    ptr = " + ".join(["out_ptr"] + [f"{w.expand(w.emit(x), out_tile)} * out_s{k}" for k, x in enumerate(index)])
-    checks = [w.expand(type(v)(f"valid_{a}", (a,), "bool"), out_tile) for a in out_tile if w.padded(a)]
-    store = f"tl.store({ptr}, {value}.to({dt}){', mask=' + ' & '.join(checks) if checks else ''})"
-    blk = w.ctx.body
-    found = w.descriptor_block("out", index, out_tile, transposable=False) if w.tma and not sched.writes_loop else None
-    if found is None:
-        w.blocks[blk].append(store)
-    else:   # the copy engine where the launcher could build the descriptor, a pointer store otherwise
-        param, coords, blocks, _ = found
-        w.blocks[blk] += ["if USE_TMA:", f"    {param}.store([{', '.join(coords)}], {value}.to({dt}).reshape({', '.join(blocks)}))",
-                          "else:", f"    {store}"]
+    terms = sched.term.args if sched.term.op == "pack" else (sched.term,)
+    for term, (stem, axes, dtype, index) in zip(terms, outputs(spec)):
+        _store(w, sched, term, stem, axes, dtype, index)
     if sched.writes_loop:
         body += ["# write the output block by block"] + w.blocks["pre_out"]
         body += [f"for start in range(0, {w.ext(loop)}, {w.block(loop)}):"] + ["    " + x for x in w.blocks["write"]]
     else:
         body += ["# epilogue"] + w.blocks["epilogue"]
     return body
+
+
+def _store(w: KernelWriter, sched: Schedule, term, stem: str, axes: tuple[str, ...], dtype: str, index) -> None:
+    """The lines storing one output's tile (through a tensor descriptor where the launcher builds one)."""
+    out_tile = w.canon({a for a in axes if a in w.tile_axes})
+    v = w.emit(term)
+    dt = dtype_code("tl", dtype)
+    shape = ", ".join(w.block(a) for a in out_tile)
+    value = w.expand(w.as_float(v), out_tile)
+    if set(v.axes) != set(out_tile):
+        value = f"({value} + tl.zeros([{shape}], tl.float32))"
+    index = index or tuple(ir.axis(a) for a in axes)
+    ptr = " + ".join([f"{stem}_ptr"] + [f"{w.expand(w.emit(x), out_tile)} * {stem}_s{k}" for k, x in enumerate(index)])
+    checks = [w.expand(type(v)(f"valid_{a}", (a,), "bool"), out_tile) for a in out_tile if w.padded(a)]
+    store = f"tl.store({ptr}, {value}.to({dt}){', mask=' + ' & '.join(checks) if checks else ''})"
+    blk = w.ctx.body
+    found = w.descriptor_block(stem, index, out_tile, transposable=False) \
+        if w.tma and not sched.writes_loop and stem == "out" else None
+    if found is None:
+        w.blocks[blk].append(store)
+    else:   # the copy engine where the launcher could build the descriptor, a pointer store otherwise
+        param, coords, blocks, _ = found
+        w.blocks[blk] += ["if USE_TMA:", f"    {param}.store([{', '.join(coords)}], {value}.to({dt}).reshape({', '.join(blocks)}))",
+                          "else:", f"    {store}"]

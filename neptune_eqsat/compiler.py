@@ -52,7 +52,7 @@ class Result:
     def explain(self) -> str:
         sat = self.saturation
         by_name = {r.name: r for r in ALL_RULES}
-        lines = [f"spec {self.spec.name}: {ir.show(self.spec.output_term)}", ""]
+        lines = [f"spec {self.spec.name}: {ir.show(self.spec.root_term)}", ""]
         if self.stages:
             lines.append(f"{self.staged_because}: {self.stage_count}, each a spec of its own, then the last kernel, "
                          "which reads them")
@@ -156,7 +156,7 @@ def module_name(spec: Spec) -> str:
 
 def _saturated_candidates(spec: Spec, sizes: dict, device: Device, measured, limits: Limits | None):
     """Saturate the spec's term and extract its candidate plans; the e-graph is freed before returning."""
-    sat = saturate(spec.output_term, limits, extents=spec.axis_dims)
+    sat = saturate(spec.root_term, limits, extents=spec.axis_dims)
     try:
         return sat, candidates(sat, spec, sizes, device, plan_times(measured))
     finally:
@@ -193,7 +193,7 @@ def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, devic
         return result
     if plan is not None:
         cands = _force(cands, plan, spec.name)
-    elif cands[0].sched.writes_loop and (one := _one_kernel_cost(cands[0], sizes, device)).programs < \
+    elif cands[0].sched.writes_loop and not spec.also and (one := _one_kernel_cost(cands[0], sizes, device)).programs < \
             UNDER_FILLED * device.sms:
         result = _as_stages(spec, sizes, device, limits, every=True)
         seconds = cands[0].measured or one.seconds
@@ -230,6 +230,8 @@ def _as_stages(spec: Spec, sizes: dict[str, int], device: Device, limits: Limits
     """The spec as stages (plan/stages.py), each optimized as a spec of its own: what no one kernel runs, or,
     with `every`, every reduction over a long axis, so that the last kernel writes in parallel. None where
     staging gives no stages (one kernel runs the spec as written) or does not help."""
+    if spec.also:   # stages write one output each
+        return None
     try:
         stages, last = staged(spec, every=every)
     except SpecError:

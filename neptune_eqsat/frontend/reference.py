@@ -148,11 +148,18 @@ class Evaluator:
 def evaluate(spec: Spec, inputs: dict[str, torch.Tensor], differentiable: bool = False) -> torch.Tensor:
     """The spec's output in float64, dimensions in the output's axis order (differentiable: with the inputs'
     autograd graph)."""
+    return evaluate_all(spec, inputs, differentiable)[0]
+
+
+def evaluate_all(spec: Spec, inputs: dict[str, torch.Tensor], differentiable: bool = False) -> list[torch.Tensor]:
+    """Every output of the spec (the first, then spec.also's), as `evaluate` gives the first."""
     ev = Evaluator(spec, inputs, differentiable=differentiable)
-    value = ev(spec.output_term)
-    out_axes = spec.output_axes
-    full = torch.zeros([ev.extent(a) for a in out_axes], dtype=torch.float64)
-    return (full + _align(value, out_axes)) if value[1] or out_axes else value[0]
+    out = []
+    for term, out_axes in [(spec.output_term, spec.output_axes)] + [(o.term, o.axes) for o in spec.also]:
+        value = ev(term)
+        full = torch.zeros([ev.extent(a) for a in out_axes], dtype=torch.float64)
+        out.append((full + _align(value, out_axes)) if value[1] or out_axes else value[0])
+    return out
 
 
 def index_roles(spec: Spec, sizes: dict[str, int]) -> dict[str, int]:

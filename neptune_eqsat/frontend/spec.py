@@ -8,6 +8,7 @@
     m = max(j, x[r, j])                        # a reduction over j
     spec.output("y", f32, exp(x[r, j] - m) / sum(j, exp(x[r, j] - m)), r, j)
 
+A second call of spec.output adds an output the same kernel writes (over some of the first one's axes).
 Every expression remembers the spec line that wrote it, so errors name it.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from neptune_eqsat import ir
 from neptune_eqsat.ir import ops
 from neptune_eqsat.ir import Term
+from neptune_eqsat.frontend.conditions import index_max, is_index_condition, negate
 
 __all__ = ["Spec", "Dim", "SpecError", "f16", "bf16", "f32", "inf", "nan", "sum", "max", "min", "where", "cast",
            "load_spec"]
@@ -153,9 +155,18 @@ class Tensor:
         return Expr(Term("load", (self.name,), tuple(terms), _origin()))
 
 
+@dataclass(frozen=True)
+class Output:
+    """A further output, computed by the same kernel as the first (a row statistic a backward pass reads)."""
+    name: str
+    dtype: str
+    term: Term
+    axes: tuple[str, ...]
+
+
 @dataclass
 class Spec:
-    """A computation: run-time dims, axes, inputs and one output."""
+    """A computation: run-time dims, axes, inputs and its outputs (the first, and any further ones)."""
     name: str
     dims_: dict[str, Dim] = field(default_factory=dict)
     typical: dict[str, int] = field(default_factory=dict)
@@ -171,6 +182,7 @@ class Spec:
     output_index: tuple[Term, ...] | None = None
     output_shape: tuple[Extent, ...] | None = None
     derived: dict[str, tuple[int, str]] = field(default_factory=dict)
+    also: tuple[Output, ...] = ()   # further outputs, in the order spec.output named them
 
     def dims(self, *names: str, **typical: int):
         """Sizes known only at run time. Keyword form gives a typical size, used to price plans:
@@ -211,7 +223,15 @@ class Spec:
         if extra:
             raise _fail(f"output {name}: the value depends on axes {sorted(extra)} that are not output axes "
                         f"{list(names)} (reduce over them or add them)")
-        self.output_name, self.output_dtype, self.output_term, self.output_axes = name, dtype, e.term, names
+        if self.output_term is None:
+            self.output_name, self.output_dtype, self.output_term, self.output_axes = name, dtype, e.term, names
+            return
+        self.also += (_further_output(self, name, dtype, e.term, names),)
+
+    @property
+    def root_term(self) -> Term:
+        """What the compiler optimizes: the output's term, or every output's in one `pack`."""
+        return ir.pack(self.output_term, *(o.term for o in self.also)) if self.also else self.output_term
 
     # ---- checks -------------------------------------------------------------------------------------------
     def _check_index(self, tensor: str, pos: int, t: Term, ext: Extent) -> None:
@@ -224,23 +244,9 @@ class Spec:
                 raise _fail(f"tensor {tensor}, dimension {pos} has extent {ext} but axis {t.attrs[0]} "
                             f"runs over {aext}")
             return
-        hi = self.max_value(t)
+        hi = index_max(self.axes_, t)
         if hi is not None and isinstance(ext, int) and hi >= ext:
             raise _fail(f"tensor {tensor}, dimension {pos}: index {ir.show(t)} reaches {hi}, beyond extent {ext}")
-
-    def max_value(self, t: Term) -> int | None:
-        """Largest value of a non-negative index expression over constant-extent axes, if known."""
-        if t.op == "axis":
-            ext = self.axes_[t.attrs[0]]
-            return ext - 1 if isinstance(ext, int) else None
-        if t.op == "const":
-            return int(t.attrs[0]) if math.isfinite(t.attrs[0]) else None
-        if t.op == "bin" and t.attrs[0] in ("add", "mul", "floordiv"):
-            a, b = (self.max_value(x) for x in t.args)
-            if a is None or b is None:
-                return None
-            return {"add": a + b, "mul": a * b, "floordiv": a // builtins.max(b, 1)}[t.attrs[0]]
-        return None
 
     def retyped(self, dtype: str) -> Spec:
         """The same computation with its 16-bit floating-point inputs, casts and output in `dtype` (bf16 for
@@ -253,10 +259,12 @@ class Spec:
 
         def new(old: str) -> str:
             return dtype if old in sixteen else old
-        casts = {t: Term("cast", (new(t.attrs[0]),), t.args, t.origin) for t in ir.walk(self.output_term)
+        casts = {t: Term("cast", (new(t.attrs[0]),), t.args, t.origin) for t in ir.walk(self.root_term)
                  if t.op == "cast"}
         out = replace(self, inputs={}, derived=dict(self.derived), output_dtype=new(self.output_dtype or ""),
-                      output_term=_substitute_bottom_up(self.output_term, casts))
+                      output_term=_substitute_bottom_up(self.output_term, casts),
+                      also=tuple(replace(o, dtype=new(o.dtype), term=_substitute_bottom_up(o.term, casts))
+                                 for o in self.also))
         for n, t in self.inputs.items():
             out.inputs[n] = Tensor(out, n, new(t.dtype), t.shape, t.positive, t.source)
         return out
@@ -272,11 +280,23 @@ class Spec:
     def validate(self) -> None:
         if self.output_term is None:
             raise SpecError(f"spec {self.name}: no output (call spec.output(name, dtype, value, *axes))")
-        for t in ir.walk(self.output_term):
+        for t in ir.walk(self.root_term):
             if ir.is_reduction(t):
                 ax = t.attrs[1]
                 if ax not in t.args[0].free:
                     raise _fail(f"{t.attrs[0]} over {ax}: the reduced value does not depend on {ax}", t.origin)
+
+
+def _further_output(spec: Spec, name: str, dtype: str, term: Term, axes: tuple[str, ...]) -> Output:
+    """A further output: one kernel writes it beside the first, so its axes are among the first output's (what
+    it may reduce over is the schedule's to check: schedule.py)."""
+    first = spec.output_axes
+    if name in [spec.output_name, *(o.name for o in spec.also)] or name in spec.inputs:
+        raise _fail(f"output {name}: the name is taken")
+    if not set(axes) <= set(first):
+        raise _fail(f"output {name}: axes {[a for a in axes if a not in first]} are not axes of the first output "
+                    f"{spec.output_name}{list(first)}; one kernel writes every output")
+    return Output(name, dtype, term, axes)
 
 
 def _substitute_bottom_up(t: Term, rename: dict[Term, Term]) -> Term:
@@ -311,38 +331,12 @@ globals().update(ELEMENTWISE)
 __all__ += sorted(ELEMENTWISE)
 
 
-_FLIPPED = {name: op.negation for name, op in ops.BIN.items() if op.negation}
-_INDEX_ARITHMETIC = ("add", "sub", "mul") + ir.INTEGER
-
-
-def _is_index(t: Term) -> bool:
-    """Integer arithmetic of axes, dims and constants (no loaded value, so no NaN)."""
-    return all(x.op in ("axis", "dim", "const") or (x.op == "bin" and x.attrs[0] in _INDEX_ARITHMETIC)
-               or (x.op == "un" and x.attrs[0] == "neg") for x in ir.walk(t))
-
-
-def _negate(c: Term) -> Term:
-    """not c; a comparison of indices flips instead (never NaN, so not(a > b) is a <= b), which keeps it a
-    linear bound that loops can be clipped to."""
-    if c.op == "bin" and c.attrs[0] in _FLIPPED and all(_is_index(x) for x in c.args):
-        return Term("bin", (_FLIPPED[c.attrs[0]],), c.args, c.origin)
-    if c.op == "un" and c.attrs[0] == "not":
-        return c.args[0]
-    return Term("un", ("not",), (c,), c.origin)
-
-
-def _is_index_condition(c: Term) -> bool:
-    """A condition on indices only (a mask), built from comparisons and logic of index arithmetic."""
-    return all(_is_index(x) or (x.op == "bin" and x.attrs[0] in ir.COMPARE + ir.LOGIC)
-               or (x.op == "un" and x.attrs[0] == "not") for x in ir.walk(c))
-
-
 def where(cond, a, b) -> Expr:
     """cond ? a : b. A mask written with the constant first (where(j > i, -inf, s)) is stored as where(j <= i,
     s, -inf): the kept value first and the constant it is replaced by second, the one form of a mask."""
     c, x, y = _wrap(cond).term, _wrap(a).term, _wrap(b).term
-    if x.op == "const" and y.op != "const" and _is_index_condition(c):
-        c, x, y = _negate(c), y, x
+    if x.op == "const" and y.op != "const" and is_index_condition(c):
+        c, x, y = negate(c), y, x
     return Expr(Term("where", (), (c, x, y), _origin()))
 
 

@@ -39,6 +39,8 @@ class ETerm(Expr):
     def acc(cls) -> ETerm: ...
     @classmethod
     def prev(cls, axis: StringLike, a: ETerm) -> ETerm: ...
+    @classmethod
+    def pack(cls, a: ETerm, b: ETerm) -> ETerm: ...   # outputs of one kernel, n of them as nested pairs
 
 
 AxisSet = Set[String]
@@ -103,6 +105,11 @@ class Mirror:
                 axes = sorted(x.free)
                 self.facts += [set_(free(y)).to(AxisSet(*axes) if axes else AxisSet.empty()),
                                set_(deps(y)).to(AxisSet.empty())]
+            elif op == "pack":
+                kids = [go(a) for a in x.args]
+                y = kids[-1]
+                for k in reversed(kids[:-1]):
+                    y = ETerm.pack(k, y)
             else:
                 kids = [go(a) for a in x.args]
                 y = {"axis": lambda: ETerm.axis(at[0]), "dim": lambda: ETerm.dim(at[0]),

@@ -96,6 +96,11 @@ def split(reducer: str, ax: str, chunks: str, body: Term, repair: Term) -> Term:
 ACC = Term("acc")
 
 
+def pack(*terms: Term) -> Term:
+    """Several outputs of one kernel: no value of its own (only the compiler's root and a plan's term)."""
+    return Term("pack", (), tuple(terms))
+
+
 def is_reduction(t: Term) -> bool:
     return t.op in ("red", "roll", "split")
 
@@ -200,6 +205,8 @@ def show(t: Term) -> str:
         return f"split_{at[0]}({at[1]} / {at[2]}, {show(ar[0])}, repair={show(ar[1])})"
     if op == "prev":
         return f"prev_{at[0]}({show(ar[0])})"
+    if op == "pack":
+        return f"pack({', '.join(show(a) for a in ar)})"
     if op == "rename":
         return f"rename({at[0]} -> {at[1]}, {show(ar[0])})"
     return f"{op}{at}{ar}"

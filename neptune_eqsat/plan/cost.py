@@ -210,6 +210,7 @@ def plan_cost(sched: Schedule, sizes: dict[str, int], device: Device | None = No
         charge([t for t in out_values if not t.free & {sched.loop}], rows_programs)
     out_elems = math.prod(ext(a) for a in spec.output_axes)
     tot["bytes"] += out_elems * DTYPE_BYTES[spec.output_dtype]
+    tot["bytes"] += sum(math.prod(ext(a) for a in o.axes) * DTYPE_BYTES[o.dtype] for o in spec.also)
     compute = tot["mma"] / device.matrix_flops + tot["vec"] / device.vector_ops + tot["sfu"] / device.special_ops
     memory = tot["bytes"] / device.bandwidth
     waves = math.ceil(programs / device.sms)

@@ -146,10 +146,10 @@ def _as_written(spec: Spec, sizes: dict[str, int], device) -> list[Candidate]:
     and an extraction that names what the spec lacks (seen rarely, and not reproducibly) must cost speed, never
     the kernel."""
     try:
-        sched = schedule(spec, spec.output_term)
+        sched = schedule(spec, spec.root_term)
     except Exception:   # a term that needs the rewrites to be scheduled at all: the caller reports no plan
         return []
-    return [Candidate("unfused", spec.output_term, sched, plan_cost(sched, sizes, device))]
+    return [Candidate("unfused", spec.root_term, sched, plan_cost(sched, sizes, device))]
 
 
 def _malformed(spec: Spec, term: Term) -> str:
@@ -180,11 +180,12 @@ def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device,
     out: list[Candidate] = []
     seen: set[Term] = set()
     long_axes = {a for a, e in spec.axes_.items() if not isinstance(e, int) or e > TILE_LIMIT}
-    long_axes -= _nested_axes(spec.output_term, long_axes)
+    long_axes -= _nested_axes(spec.root_term, long_axes)
     snap = snapshot(sat.egraph)
     known = Analyses(snap, weight, lambda t, key: set().union(*(i.free for i in sat.mirror.loads[(t, key)])))
-    as_written = written(snap, spec.output_term)
-    for family in ("rolled", "unfused", "split"):
+    as_written = written(snap, spec.root_term)
+    # several outputs: one kernel writes them all, not split into chunks (a combine step writes one output)
+    for family in ("rolled", "unfused") + (() if spec.also else ("split",)):
         best, costs = best_nodes(snap, node_cost(family, long_axes, known), as_written)
         if snap.root not in costs or costs[snap.root][0][0]:   # only banned forms exist
             continue
@@ -207,7 +208,7 @@ def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device,
         if sched.split and (sched.writes_loop or sched.passes != 1):
             continue   # a split plan writes partial results once per chunk, after one pass
         out.append(Candidate(kind, term, sched, plan_cost(sched, sizes, device)))
-        packed = pack_group_rows(spec, term, sched.row, sched.loop) if sched.loop else None
+        packed = pack_group_rows(spec, term, sched.row, sched.loop) if sched.loop and not spec.also else None
         if packed is not None:
             psched = schedule(*packed)
             psizes = {**sizes, **{d: g * sizes[base] for d, (g, base) in packed[0].derived.items()}}

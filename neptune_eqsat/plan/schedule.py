@@ -124,6 +124,18 @@ def _loop_axis(spec: Spec, reds: list[Term]) -> tuple[str | None, tuple[str, ...
     return loops[0], tuple(a for a in long_axes if a != loops[0])
 
 
+def _check_further_outputs(sched: Schedule) -> None:
+    """Each program writes its tile of every output, so a further output may reduce over the loop axis or
+    in-tile axes, never over an axis the programs divide among themselves (the rows, the grid)."""
+    if sched.term.op != "pack":
+        return
+    for o, t in zip(sched.spec.also, sched.term.args[1:]):
+        across = sorted({x.attrs[1] for x in ir.walk(t) if ir.is_reduction(x)} & ({sched.row} | set(sched.grid)))
+        if across:
+            raise SpecError(f"spec {sched.spec.name}: output {o.name} reduces over {', '.join(across)}, which the "
+                            f"kernel of {sched.spec.output_name} divides among its programs")
+
+
 def schedule(spec: Spec, term: Term) -> Schedule:
     reds = [t for t in ir.walk(term) if ir.is_reduction(t)]
     shadowed = {t.attrs[1] for t in reds if t.attrs[1] in spec.output_axes and not is_large(spec.extent(t.attrs[1]))}
@@ -146,6 +158,7 @@ def schedule(spec: Spec, term: Term) -> Schedule:
         row = rest[-1]
     grid = tuple(a for a in rest if a != row)
     sched = Schedule(spec, term, loop, row, col, grid, inner, writes_loop=loop in spec.output_axes, chunked=chunked)
+    _check_further_outputs(sched)
     if loop is None:
         return sched
     loop_reds = [t for t in reds if t.attrs[1] == loop]

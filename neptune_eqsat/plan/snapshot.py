@@ -20,7 +20,7 @@ from neptune_eqsat.ir.eterm import Mirror, load_key
 
 # constructor -> how many of its leading arguments are literals (names, numbers); the rest are e-classes
 LITERALS = {"axis": 1, "dim": 1, "const": 1, "load": 2, "un": 1, "bin": 1, "where": 0, "cast": 1, "red": 2,
-            "roll": 2, "split": 3, "acc": 0, "prev": 1}
+            "roll": 2, "split": 3, "acc": 0, "prev": 1, "pack": 0}
 SET_ANALYSES = ("free", "deps")                          # e-class -> a set of axis names
 FLAG_ANALYSES = ("nonpositive", "running_max", "whole_count")   # e-class -> present or not
 
@@ -96,6 +96,8 @@ def written(snap: Snapshot, term: Term) -> set[ENode]:
     def go(t: Term) -> str | None:
         if t in memo:
             return memo[t]
+        if t.op == "pack" and len(t.args) > 2:   # n outputs: nested pairs in the e-graph
+            return go(ir.pack(t.args[0], ir.pack(*t.args[1:])))
         if t.op == "load":
             n = ENode("load", (t.attrs[0], load_key(t.args)), ())
         else:
@@ -154,6 +156,8 @@ def to_term(snap: Snapshot, best: dict[str, ENode], mirror: Mirror, eclass: str 
             t = ir.ACC
         elif n.op in ("axis", "dim", "const"):
             t = Term(n.op, n.lits)
+        elif n.op == "pack":   # nested pairs back into one pack of every output
+            t = ir.pack(*(y for x in map(go, n.kids) for y in (x.args if x.op == "pack" else (x,))))
         else:
             t = Term(n.op, n.lits, tuple(go(k) for k in n.kids))
         memo[c] = t

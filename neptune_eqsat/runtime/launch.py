@@ -119,8 +119,11 @@ class _Recording:
         self.launches.append((compiled, grid, template, tuple(tensors)))
 
     def replay(self, device, out):
+        """A function of the inputs that allocates and launches as recorded; it returns the buffer(s) `out`
+        was (a tensor, or a tuple of a kernel's outputs)."""
         allocs, launches = self.allocs, self.launches
-        out_slot = next(n for n, b in enumerate(self.buffers) if b is out)
+        slots = [next(n for n, b in enumerate(self.buffers) if b is o) for o in (out if isinstance(out, tuple)
+                                                                                 else (out,))]
 
         def replay(*inputs):
             stream = _current_stream(device)
@@ -141,7 +144,7 @@ class _Recording:
                     buf = bufs[slot]
                     args[pos] = buf if described is None else _redescribe(buf, *described)
                 _run(compiled, grid, stream, args)
-            return bufs[out_slot]
+            return tuple(bufs[s] for s in slots) if isinstance(out, tuple) else bufs[slots[0]]
         return replay
 
 
