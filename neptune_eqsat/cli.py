@@ -135,10 +135,13 @@ def _with_backward(result, sizes: dict[str, int], limits, explain: bool) -> str:
     try:
         bw = differentiate(result.spec)
         sources = {}
-        for sub in [s.spec for s in bw.stages] + [p.spec for p in bw.parts]:
+        for key, sub in [(s.name, s.spec) for s in bw.stages] + [(k.spec.name, k.spec) for k in bw.kernels]:
             sub_sizes = {n: v for n, v in sizes.items() if n in sub.dims_}
-            sources[sub.output_name] = run(sub, sizes=sub_sizes, limits=limits, device=result.device,
-                                           spec_file=result.spec.name, out_file=sub.output_name).source
+            sources[key] = run(sub, sizes=sub_sizes, limits=limits, device=result.device,
+                               spec_file=result.spec.name, out_file=key).source
+        if bw.saved:   # the forward writing the saved values too, as a training step runs it
+            sources["forward_saved"] = run(bw.forward_spec(), sizes=sizes, limits=limits, device=result.device,
+                                           spec_file=result.spec.name, out_file="forward_saved").source
         source = module_source(result.spec, result.source, bw, sources)
     except SpecError as e:
         raise click.ClickException(str(e)) from e

@@ -16,6 +16,7 @@ from types import ModuleType
 import torch
 
 from neptune_eqsat import ir
+from neptune_eqsat.ir import Term
 from neptune_eqsat.compiled import compiled_module, compiler_fingerprint, run_kernels
 from neptune_eqsat.plan.autodiff import Backward, GradPart, differentiate
 from neptune_eqsat.frontend.reference import Evaluator, _align, bind_sizes
@@ -37,8 +38,9 @@ def module_for(spec: Spec, interpret: bool) -> ModuleType:
     return compiled_module(spec_key(spec), spec, interpret, spec_file=spec.name)
 
 
-def run_spec(spec: Spec, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Run `spec`'s kernel on the named tensors (each converted to the dtype the spec declares)."""
+def run_spec(spec: Spec, tensors: dict[str, torch.Tensor]):
+    """Run `spec`'s kernel on the named tensors (each converted to the dtype the spec declares): its output, or
+    a tuple of its outputs where it has several."""
     device = next(iter(tensors.values())).device
     args = [tensors[n].to(TORCH[t.dtype]).contiguous() for n, t in spec.inputs.items()]
     mod = module_for(spec, device.type == "cpu")
@@ -52,23 +54,32 @@ class CompiledBackward:
         self.spec = spec
         self.plan: Backward = differentiate(spec, wrt)
 
-    def grads(self, inputs: dict[str, torch.Tensor], out: torch.Tensor, grad_out: torch.Tensor
-              ) -> dict[str, torch.Tensor]:
+    def saved_values(self, saved: dict[Term, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The backward's saved stages among the forward's further outputs (keyed by their terms)."""
+        return {name: saved[t] for name, t in self.plan.saved.items() if t in saved}
+
+    def grads(self, inputs: dict[str, torch.Tensor], out: torch.Tensor, grad_out: torch.Tensor,
+              saved: dict[Term, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """`saved`: values the forward kernel wrote beside its output (forward_outputs), by term; the stages
+        that compute them are skipped."""
         bw, spec = self.plan, self.spec
         tensors = dict(inputs)
         tensors[bw.grad_name] = grad_out
         tensors[bw.out_name] = out
+        tensors.update(self.saved_values(saved or {}))
         for stage in bw.stages:
-            tensors[stage.name] = run_spec(stage.spec, tensors)
+            if stage.name not in tensors:
+                tensors[stage.name] = run_spec(stage.spec, tensors)
         sizes = bind_sizes(spec, inputs)
         result: dict[str, torch.Tensor] = {}
-        for part in bw.parts:
-            g = run_spec(part.spec, tensors)
-            x = inputs[part.input]
-            acc = result.get(part.input)
-            if acc is None:
-                acc = result[part.input] = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-            _accumulate(spec, part, g, acc, sizes, inputs)
+        for kernel in bw.kernels:
+            gs = run_spec(kernel.spec, tensors)
+            for part, g in zip(kernel.parts, gs if len(kernel.parts) > 1 else (gs,)):
+                x = inputs[part.input]
+                acc = result.get(part.input)
+                if acc is None:
+                    acc = result[part.input] = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+                _accumulate(spec, part, g, acc, sizes, inputs)
         for n in bw.wrt:
             x = inputs[n]
             result[n] = result[n].to(x.dtype) if n in result else torch.zeros_like(x)
@@ -106,20 +117,43 @@ class _SpecFunction(torch.autograd.Function):
     def forward(ctx, owner: "Differentiable", *xs):
         names = list(owner.spec.inputs)
         inputs = dict(zip(names, xs))
-        out = run_spec(owner.spec, inputs)
-        ctx.owner, ctx.names = owner, names
-        ctx.save_for_backward(*xs, out)
+        terms: tuple[Term, ...] = ()
+        if any(ctx.needs_input_grad[1:]):   # a training step: the forward kernel also writes the saved values
+            out, saved = forward_outputs(owner.spec, inputs)
+            terms, extras = tuple(saved), tuple(saved.values())
+        else:
+            out, extras = run_spec(owner.spec, inputs), ()
+        ctx.owner, ctx.names, ctx.terms = owner, names, terms
+        ctx.save_for_backward(*xs, out, *extras)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        *xs, out = ctx.saved_tensors
+        n = len(ctx.names)
+        xs, out, extras = ctx.saved_tensors[:n], ctx.saved_tensors[n], ctx.saved_tensors[n + 1:]
         owner, names = ctx.owner, ctx.names
         wrt = tuple(n for n, x, need in zip(names, xs, ctx.needs_input_grad[1:]) if need)
         if not wrt:
             return (None,) * (1 + len(xs))
-        grads = owner.backward_for(wrt).grads(dict(zip(names, xs)), out, grad_out.contiguous())
+        grads = owner.backward_for(wrt).grads(dict(zip(names, xs)), out, grad_out.contiguous(),
+                                              dict(zip(ctx.terms, extras)))
         return (None, *(grads.get(n) for n in names))
+
+
+_FORWARDS: dict[str, Backward] = {}   # spec key -> the derivation whose saved values its forward writes
+
+
+def forward_outputs(spec: Spec, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[Term, torch.Tensor]]:
+    """The output and the values a backward saves (a row max, a row sum), written by one forward kernel, the
+    latter keyed by their terms (CompiledBackward.grads reads them)."""
+    key = spec_key(spec)
+    if key not in _FORWARDS:
+        _FORWARDS[key] = differentiate(spec)
+    bw = _FORWARDS[key]
+    if not bw.saved:
+        return run_spec(spec, inputs), {}
+    out, *extras = run_spec(bw.forward_spec(), inputs)
+    return out, dict(zip(bw.saved.values(), extras))
 
 
 class Differentiable:

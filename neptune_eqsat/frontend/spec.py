@@ -8,7 +8,7 @@
     m = max(j, x[r, j])                        # a reduction over j
     spec.output("y", f32, exp(x[r, j] - m) / sum(j, exp(x[r, j] - m)), r, j)
 
-A second call of spec.output adds an output the same kernel writes (over some of the first one's axes).
+A second call of spec.output adds an output the same kernel writes.
 Every expression remembers the spec line that wrote it, so errors name it.
 """
 from __future__ import annotations
@@ -288,14 +288,10 @@ class Spec:
 
 
 def _further_output(spec: Spec, name: str, dtype: str, term: Term, axes: tuple[str, ...]) -> Output:
-    """A further output: one kernel writes it beside the first, so its axes are among the first output's (what
-    it may reduce over is the schedule's to check: schedule.py)."""
-    first = spec.output_axes
+    """A further output, written by the kernel of the first: which axes it may run along and reduce over is
+    the schedule's to check (schedule.py)."""
     if name in [spec.output_name, *(o.name for o in spec.also)] or name in spec.inputs:
         raise _fail(f"output {name}: the name is taken")
-    if not set(axes) <= set(first):
-        raise _fail(f"output {name}: axes {[a for a in axes if a not in first]} are not axes of the first output "
-                    f"{spec.output_name}{list(first)}; one kernel writes every output")
     return Output(name, dtype, term, axes)
 
 

@@ -17,19 +17,22 @@ result is FlashAttention's backward, found rather than written:
 * **Gradient kernels.** Each (input, index) pair is one spec whose output runs over the index's axes and whose
   loop reduces over one further axis (dK and dV loop over the queries, dQ over the keys); more axes to sum
   are summed on the host, and an index that is not a plain axis (a key head `h // G`, a bias table read at
-  `clamp(i - j)`) is scattered with an accumulating index_put on the host.
+  `clamp(i - j)`) is scattered with an accumulating index_put on the host. Parts with the same output axes
+  and loop are one kernel with several outputs (dK and dV: the probabilities recomputed once for both).
+* **Saved values from the forward kernel.** The saved values are also further outputs the forward kernel can
+  write (`forward_spec`): a training step's forward computes the row max and row sum anyway.
 
 This module builds specs only; `training.py` compiles and runs them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from neptune_eqsat import ir
 from neptune_eqsat.plan.derivatives import local_adjoints, plus, shift_invariant, total
 from neptune_eqsat.ir import Term
 from neptune_eqsat.plan.schedule import is_large
-from neptune_eqsat.frontend.spec import Spec, SpecError
+from neptune_eqsat.frontend.spec import Output, Spec, SpecError
 from neptune_eqsat.plan.stages import Stage, fresh_name, sub_spec, tensor_of
 
 FLOATS = ("f16", "bf16", "f32", "f64")
@@ -44,6 +47,7 @@ class GradPart:
     index: tuple[Term, ...]
     axes: tuple[str, ...]          # the index's axes; the output has those the gradient varies along
     host_sum: tuple[str, ...] = ()
+    loop: str | None = None        # the axis its kernel's loop reduces over
 
     @property
     def groups(self) -> tuple[tuple[int, int], ...] | None:
@@ -70,6 +74,13 @@ class GradPart:
         return self.groups == ()
 
 
+@dataclass(frozen=True)
+class GradKernel:
+    """One gradient kernel: its spec's outputs are the parts' (in order), each scattered as its part says."""
+    spec: Spec
+    parts: tuple[GradPart, ...]
+
+
 @dataclass
 class Backward:
     forward: Spec
@@ -79,6 +90,15 @@ class Backward:
     parts: list[GradPart] = field(default_factory=list)
     wrt: tuple[str, ...] = ()
     notes: list[str] = field(default_factory=list)      # what the derivation decided, for --explain
+    kernels: list[GradKernel] = field(default_factory=list)   # the parts, those sharing a loop in one kernel
+    saved: dict[str, Term] = field(default_factory=dict)      # saved stage -> its value as the forward has it
+
+    def forward_spec(self) -> Spec:
+        """The forward with the saved values as further outputs, in `saved`'s order: run by a training step's
+        forward, it gives the backward what its stages would compute again."""
+        return replace(self.forward, also=self.forward.also + tuple(
+            Output(name, "f32", t, next(s.axes for s in self.stages if s.name == name))
+            for name, t in self.saved.items()))
 
     def explain(self) -> list[str]:
         lines = [f"backward of {self.forward.name}: gradients of {', '.join(self.wrt)}"]
@@ -90,6 +110,11 @@ class Backward:
             where = "" if p.direct else f" summed in groups at [{index}]" if p.groups else f" scattered at [{index}]"
             summed = f", host sum over {', '.join(p.host_sum)}" if p.host_sum else ""
             lines.append(f"  d{p.input}{where}{summed}: {p.spec.name} = {ir.show(p.spec.output_term)}")
+        for k in self.kernels:
+            if len(k.parts) > 1:
+                lines.append(f"  one kernel {k.spec.name} writes {', '.join('d' + p.input for p in k.parts)} "
+                             f"(same axes, loop over {k.parts[0].loop})")
+        lines += [f"  {n} is also an output of the forward kernel (forward_spec)" for n in self.saved]
         return lines
 
 
@@ -128,7 +153,43 @@ def differentiate(spec: Spec, wrt: tuple[str, ...] | None = None) -> Backward:
         for a in _by_axes(contributions):
             a = stager.replace(ir.substitute(a, saved))
             bw.parts.append(_grad_part(spec, load, a, extra, len(bw.parts), reduced))
+    bw.kernels = [_one_kernel(spec, group, k) for k, group in enumerate(_sharing_loops(spec, bw.parts))]
+    bw.saved = {name: t for name, t in stager.saved.items()
+                if {x.attrs[0] for x in ir.walk(t) if x.op == "load"} <= set(spec.inputs)}
     return bw
+
+
+def _sharing_loops(spec: Spec, parts: list[GradPart]) -> list[list[GradPart]]:
+    """The parts grouped by loop axis, host axes and output axes up to renaming short ones of the same extent
+    (dK over [b, h, j, d] and dV over [b, h, j, e]: one kernel holds d and e whole in its tiles), in order:
+    each group is one kernel."""
+    groups: dict[tuple, list[GradPart]] = {}
+    for p in parts:
+        key = (p.spec.output_axes, id(p))
+        if p.loop is not None:
+            shape = tuple(a if _is_long(spec, a) or a in p.spec.output_axes[:-1] else spec.axes_[a]
+                          for a in p.spec.output_axes)
+            key = (shape, p.host_sum, p.loop)
+        groups.setdefault(key, []).append(p)
+    return list(groups.values())
+
+
+def _one_kernel(spec: Spec, group: list[GradPart], k: int) -> GradKernel:
+    """The kernel of parts that share their output axes and loop: the first part's spec with the others'
+    outputs as further outputs, reading every input any of them reads."""
+    first = group[0].spec
+    if len(group) == 1:
+        return GradKernel(first, tuple(group))
+    specs = [p.spec for p in group]
+    inputs = {n: t for s in specs for n, t in s.inputs.items()}
+    merged = replace(first, name=f"{spec.name}_{'_'.join('d' + p.input for p in group)}{k}",
+                     inputs={n: inputs[n] for n in [*spec.inputs, *inputs] if n in inputs},
+                     axes_={a: e for s in specs for a, e in s.axes_.items()},
+                     dims_={n: d for s in specs for n, d in s.dims_.items()},
+                     typical={n: v for s in specs for n, v in s.typical.items()},
+                     also=tuple(Output(s.output_name, s.output_dtype, s.output_term, s.output_axes) for s in specs[1:]),
+                     doc=f"gradients {', '.join('d' + p.input for p in group)} of {spec.name}, one kernel")
+    return GradKernel(merged, tuple(group))
 
 
 def _by_axes(contributions: list[Term]) -> list[Term]:
@@ -203,6 +264,7 @@ class _Stager:
         self.spec, self.bw, self.extra, self.grad_name = spec, bw, extra, grad_name
         self.out_axes = set(spec.output_axes)
         self.done: dict[Term, Term] = {}
+        self.saved: dict[str, Term] = {}   # saved stage -> the forward's reduction it holds
 
     def replace(self, t: Term) -> Term:
         if t.op == "red" and t.free <= self.out_axes:
@@ -220,6 +282,8 @@ class _Stager:
             self.bw.stages.append(Stage(name, _sub_spec(self.spec, name, inner, axes, self.extra), axes))
             self.extra[name] = tensor_of(self.spec, axes, "f32")
             what = "a row statistic of the adjoint" if reads_grad else "a value of the forward, saved"
+            if not reads_grad:
+                self.saved[name] = r
             self.bw.notes.append(f"{name}[{', '.join(axes)}] = {ir.show(r)[:90]}: {what}, computed once")
             self.done[r] = ir.load(name, *(ir.axis(a) for a in axes))
         return self.done[r]
@@ -246,7 +310,7 @@ def _grad_part(spec: Spec, load: Term, a: Term, extra: dict, k: int, reduced: se
     out_axes = tuple(x for x in keep if x in a.free) + host
     part_name = f"{spec.name}_d{name}{k}"
     sub = _sub_spec(spec, part_name, a, out_axes, extra)
-    return GradPart(name, sub, tuple(index), tuple(keep), host)
+    return GradPart(name, sub, tuple(index), tuple(keep), host, rest[0] if rest else None)
 
 
 SIXTEEN = ("f16", "bf16")

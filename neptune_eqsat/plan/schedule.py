@@ -124,6 +124,18 @@ def _loop_axis(spec: Spec, reds: list[Term]) -> tuple[str | None, tuple[str, ...
     return loops[0], tuple(a for a in long_axes if a != loops[0])
 
 
+def _further_axes(spec: Spec, loop: str | None) -> set[str]:
+    """Axes of further outputs that the first output lacks: held whole in a tile (dV's e beside dK's d)."""
+    extra = {a for o in spec.also for a in o.axes if a not in spec.output_axes}
+    for a in sorted(extra):
+        if a == loop or is_large(spec.extent(a)):
+            o = next(o for o in spec.also if a in o.axes)
+            raise SpecError(f"spec {spec.name}: output {o.name} runs along {a}, which the first output "
+                            f"{spec.output_name} does not; one kernel writes both only where such an axis fits in "
+                            f"a tile (a constant extent up to {TILE_LIMIT})")
+    return extra
+
+
 def _check_further_outputs(sched: Schedule) -> None:
     """Each program writes its tile of every output, so a further output may reduce over the loop axis or
     in-tile axes, never over an axis the programs divide among themselves (the rows, the grid)."""
@@ -143,7 +155,7 @@ def schedule(spec: Spec, term: Term) -> Schedule:
         spec, term = _apart(spec, term, shadowed)
         reds = [t for t in ir.walk(term) if ir.is_reduction(t)]
     loop, chunked = _loop_axis(spec, reds)
-    inner = tuple(sorted({t.attrs[1] for t in reds if t.attrs[1] != loop}))
+    inner = tuple(sorted({t.attrs[1] for t in reds if t.attrs[1] != loop} | _further_axes(spec, loop)))
     out_axes = list(spec.output_axes)
     col = None
     if len(out_axes) > 1 and out_axes[-1] != loop and not is_large(spec.extent(out_axes[-1])):
