@@ -169,6 +169,14 @@ def test_attention_backward_is_flashattentions():
              for p in bw.parts}
     assert loops == {"q": "j", "k": "i", "v": "i"}
     assert any("invariant" in n for n in bw.notes)   # the row max gets no subgradient: its adjoint is 0
+    # dK and dV share their loop over the queries: one kernel with two outputs; dQ loops over the keys
+    assert sorted(sorted(p.input for p in k.parts) for k in bw.kernels) == [["k", "v"], ["q"]]
+    both = next(k for k in bw.kernels if len(k.parts) == 2)
+    assert [o.name for o in both.spec.also] == [both.parts[1].spec.output_name]
+    # the row max and row sum are saved values the forward kernel writes too (as further outputs)
+    forward = bw.forward_spec()
+    assert [o.name for o in forward.also] == list(bw.saved) and len(bw.saved) == 2
+    assert all(set(o.axes) == {"b", "h", "i"} for o in forward.also)
 
 
 @pytest.mark.parametrize("options,sizes", [
@@ -255,9 +263,13 @@ def test_optimize_backward_writes_one_standalone_module(tmp_path, source, sizes)
     module = load_module(text, f"{spec.name}_with_backward")
     inputs = random_inputs(spec, {**spec.typical, **sizes}, seed=4)
     xs = list(inputs.values())
-    y = module.forward(*xs)
+    y, saved = module.forward_saved(*xs)   # the output and the row values, from one kernel
+    assert torch.equal(y, module.forward(*xs)) and len(saved) == len(module.SAVED) > 0
     g = torch.randn(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
-    grads = module.backward(*xs, out=y, grad_out=g.to(y.dtype))
+    grads = module.backward(*xs, out=y, grad_out=g.to(y.dtype), saved=saved)
+    again = module.backward(*xs, out=y, grad_out=g.to(y.dtype))   # the stages compute the row values instead
+    for got, want in zip(grads, again):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
     ref = {n: t.detach().clone().requires_grad_(n in module.WRT) for n, t in inputs.items()}
     evaluate(spec, ref, differentiable=True).backward(g)
     assert len(grads) == len(module.WRT) > 0

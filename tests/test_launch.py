@@ -44,3 +44,22 @@ def test_replay_builds_each_calls_tensor_descriptors_around_its_tensors(monkeypa
     (args,) = calls
     assert args[0] is q2 and args[1].base is k2 and list(args[1].block_shape) == [1, 32, 16]
     assert args[3] == 40 and args[4] == 1
+
+
+def test_replay_of_a_kernel_with_several_outputs_returns_each_calls_outputs(monkeypatch):
+    calls = []
+    monkeypatch.setattr(launch, "_run", lambda compiled, grid, stream, args: calls.append(args))
+    device = torch.device("cpu")
+    q = torch.randn(6)
+    rec = launch._Recording((q,))
+    table = rec.derived(lambda x: x * 2, (q,), q * 2)   # a tensor each replay builds from the call's input
+    out, rows = rec.empty((6,), torch.float16, device), rec.empty((3,), torch.float32, device)
+    rec.launched("kernel", (1, 1, 1), (q, table, out, rows), ())
+    replay = rec.replay(device, (out, rows))
+
+    q2 = torch.randn(6)
+    got = replay(q2)
+    (args,) = calls
+    assert isinstance(got, tuple) and len(got) == 2
+    assert got[0] is args[2] and got[1] is args[3] and got[1].shape == (3,) and got[0] is not out
+    assert torch.equal(args[1], q2 * 2)

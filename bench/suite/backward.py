@@ -7,8 +7,9 @@ the plain math.
     python -m bench.suite.backward --breakdown --ops causal_pf --seqs 16384   # each kernel of ours timed alone
 
 Each system's backward alone is timed (the forward runs once; torch's systems call autograd.grad on the kept
-graph; neptune's module calls backward(q, k, v, out=, grad_out=), which also computes the ALiBi slopes'
-gradient). Throughput counts 2.5 times the forward's useful FLOPs. Our gradients are checked against float64
+graph; neptune's module calls backward(q, k, v, out=, grad_out=, saved=), which also computes the ALiBi slopes'
+gradient, with the row values its forward_saved wrote, as FlexAttention's backward reads the forward's
+logsumexp). Throughput counts 2.5 times the forward's useful FLOPs. Our gradients are checked against float64
 autograd of the plain math on the first group of heads (every query head of KV head 0).
 """
 from __future__ import annotations
@@ -52,8 +53,8 @@ def system_call(name, op, module, q, k, v, slopes, grad):
     if name == "neptune":
         args = (q, k, v, slopes) if op.mod == "alibi" else (q, k, v)
         plain = [t.detach() for t in args]
-        out = module.forward(*plain)
-        return lambda: module.backward(*plain, out=out, grad_out=grad)
+        out, saved = module.forward_saved(*plain)   # as a training step's forward: the row values too
+        return lambda: module.backward(*plain, out=out, grad_out=grad, saved=saved)
     if name == "flex":
         from torch.nn.attention.flex_attention import flex_attention
         mod, block_mask, _ = flex_args(Case(op, q, k, v, slopes, "cuda"))
@@ -83,8 +84,8 @@ def check(op, module, q, k, v, slopes, grad, dtype) -> float:
     group = op.hq // op.hkv
     hq, hkv = (group, 1) if group > 1 else (2, 2)
     args = (q, k, v, slopes) if op.mod == "alibi" else (q, k, v)
-    out = module.forward(*[t.detach() for t in args])
-    ours = module.backward(*[t.detach() for t in args], out=out, grad_out=grad)
+    out, saved = module.forward_saved(*[t.detach() for t in args])
+    ours = module.backward(*[t.detach() for t in args], out=out, grad_out=grad, saved=saved)
     S = q.shape[2]
     rows = slice(0, S) if S <= 4096 else slice(S - 256, S)
     hq, hkv, names = (hq, hkv, 3) if S <= 4096 else (1, 1, 1)
@@ -146,7 +147,7 @@ def breakdown(args) -> None:
         S = int(args.seqs.split(",")[0])
         q, k, v = (torch.randn(1, h, S, D, device="cuda", dtype=dt) for h in (op.hq, op.hkv, op.hkv))
         args_ = (q, k, v, alibi_slopes(op.hq, "cuda")) if op.mod == "alibi" else (q, k, v)
-        out = module.forward(*args_)
+        out, saved = module.forward_saved(*args_)
         grad = torch.randn_like(out)
         times: dict[str, list[float]] = {}
         run_one = module._run
@@ -162,7 +163,7 @@ def breakdown(args) -> None:
         for _ in range(4):
             torch.cuda.synchronize()
             start = time.perf_counter()
-            module.backward(*args_, out=out, grad_out=grad)
+            module.backward(*args_, out=out, grad_out=grad, saved=saved)
             torch.cuda.synchronize()
             total = (time.perf_counter() - start) * 1e3
         module._run = run_one

@@ -122,7 +122,7 @@ class _Recording:
         """A function of the inputs that allocates and launches as recorded; it returns the buffer(s) `out`
         was (a tensor, or a tuple of a kernel's outputs)."""
         allocs, launches = self.allocs, self.launches
-        slots = [next(n for n, b in enumerate(self.buffers) if b is o) for o in (out if isinstance(out, tuple)
+        out_slots = [next(n for n, b in enumerate(self.buffers) if b is o) for o in (out if isinstance(out, tuple)
                                                                                  else (out,))]
 
         def replay(*inputs):
@@ -144,7 +144,7 @@ class _Recording:
                     buf = bufs[slot]
                     args[pos] = buf if described is None else _redescribe(buf, *described)
                 _run(compiled, grid, stream, args)
-            return tuple(bufs[s] for s in slots) if isinstance(out, tuple) else bufs[slots[0]]
+            return tuple(bufs[s] for s in out_slots) if isinstance(out, tuple) else bufs[out_slots[0]]
         return replay
 
 

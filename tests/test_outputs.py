@@ -1,0 +1,106 @@
+"""Specs with several outputs (a second spec.output call): one kernel writes them all, each checked against the
+float64 reference of its own term, in fp16, bf16 and fp32, at lengths that are not multiples of the block and
+with rows the mask empties."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from neptune_eqsat.compiler import optimize
+from neptune_eqsat.frontend.reference import evaluate_all, random_inputs, tolerance
+from neptune_eqsat.frontend.spec import SpecError
+from neptune_eqsat.runtime.loader import load_module
+from neptune_eqsat.spec import Spec, exp, log, sum, where
+from neptune_eqsat.spec import max as smax
+
+from conftest import DEVICE
+
+
+def softmax_with_logsumexp(dtype: str) -> Spec:
+    """A softmax that also writes each row's logsumexp: the output runs along the reduced axis."""
+    spec = Spec(f"softmax_lse_{dtype}")
+    R, N = spec.dims(R=64, N=1000)
+    r, j = spec.axes(r=R, j=N)
+    x = spec.input("x", dtype, R, N)
+    m = smax(j, x[r, j])
+    s = sum(j, exp(x[r, j] - m))
+    spec.output("y", dtype, exp(x[r, j] - m) / s, r, j)
+    spec.output("lse", "f32", m + log(s), r)
+    return spec
+
+
+def attention_with_row_values(dtype: str, empty: int) -> Spec:
+    """Attention that also writes the row max and row sum (what a backward pass reads); `empty` query rows
+    see no key (-inf max, zero sum, zero output)."""
+    spec = Spec(f"attention_rows_{dtype}_{empty}")
+    B, S = spec.dims(B=1, S=256)
+    b, h, i, j, d, e = spec.axes(b=B, h=2, i=S, j=S, d=16, e=16)
+    q, k, v = (spec.input(n, dtype, B, 2, S, 16) for n in "qkv")
+    s = where(j <= i - empty, sum(d, q[b, h, i, d] * k[b, h, j, d]) * 0.25, -math.inf)
+    m = smax(j, s)
+    p = exp(s - where(m == -math.inf, 0, m))
+    l = sum(j, p)
+    spec.output("o", dtype, sum(j, p * v[b, h, j, e]) / where(l == 0, 1, l), b, h, i, e)
+    spec.output("m", "f32", m, b, h, i)
+    spec.output("l", "f32", l, b, h, i)
+    return spec
+
+
+def _check(spec: Spec, sizes: dict[str, int]) -> list[torch.Tensor]:
+    result = optimize(spec)
+    module = load_module(result.source, spec.name)
+    inputs = random_inputs(spec, sizes, seed=3)
+    outs = module.forward(*(t.to(DEVICE) for t in inputs.values()))
+    assert isinstance(outs, tuple) and len(outs) == 1 + len(spec.also)
+    refs = evaluate_all(spec, {n: t.double() for n, t in inputs.items()})
+    dtypes = [spec.output_dtype] + [o.dtype for o in spec.also]
+    for got, want, dtype in zip(outs, refs, dtypes):
+        got = got.cpu().double()
+        assert got.shape == want.shape
+        assert not got.isnan().any()
+        torch.testing.assert_close(got, want, rtol=tolerance(dtype), atol=tolerance(dtype))
+    return [o.cpu() for o in outs]
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "f32"])
+def test_softmax_and_its_logsumexp_from_one_kernel(dtype):
+    _check(softmax_with_logsumexp(dtype), {"R": 3, "N": 77})
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "f32"])
+def test_attention_writes_its_row_values_beside_the_output(dtype):
+    out, m, l = _check(attention_with_row_values(dtype, empty=3), {"B": 1, "S": 37})
+    assert torch.isinf(m[:, :, :3]).all() and (l[:, :, :3] == 0).all()   # the rows the mask empties
+    assert (out[:, :, :3] == 0).all()
+
+
+def test_one_kernel_and_one_reduction_serves_output_and_row_value():
+    """The row sum written beside the output is the loop state the output divides by, not a second one."""
+    result = optimize(attention_with_row_values("f16", empty=0))
+    assert result.chosen.sched.passes == 1
+    sums = [r for r in result.chosen.sched.reductions if r.attrs[0] == "sum" and r.attrs[1] == "j"]
+    assert len(sums) == 2   # the weighted sum of V and the row sum, which the output and `l` share
+    assert "3 outputs" in result.explain()   # and the reason the warp-specialized kernel is not offered
+
+
+def test_a_further_output_along_an_axis_no_tile_holds_is_refused_by_name():
+    spec = Spec("bad_outputs")
+    R, N = spec.dims(R=64, N=1000)
+    r, j = spec.axes(r=R, j=N)
+    x = spec.input("x", "f32", R, N)
+    spec.output("rowmax", "f32", smax(j, x[r, j]), r)
+    spec.output("shifted", "f32", x[r, j] - smax(j, x[r, j]), r, j)
+    with pytest.raises(SpecError, match="output shifted runs along j"):
+        optimize(spec)
+
+
+def test_output_names_are_unique():
+    spec = Spec("dup")
+    R = spec.dims(R=8)
+    r = spec.axes(r=R)
+    x = spec.input("x", "f32", R)
+    spec.output("y", "f32", x[r], r)
+    with pytest.raises(SpecError, match="output y: the name is taken"):
+        spec.output("y", "f32", x[r] * 2, r)
