@@ -47,9 +47,28 @@ def whole_row_lines(block: str, length: str) -> list[str]:
             f"        cfg['num_warps'] = 4 if cfg[{block!r}] <= 4096 else 8 if cfg[{block!r}] <= 16384 else 16"]
 
 
+# a loop carrying two or more states as wide as a tile's column (dK and dV of attention's backward, each 128 x
+# 128 in fp32): 128 x 128 blocks spilled registers on an H200, 64 query rows per step in 2 stages ran the causal
+# backward at 16384 in 17.9 ms against 25.4 (bench/results/h200/2026-11-26-backward-configs)
+WIDE_STATES_CONFIG = {"loop": 64, "num_stages": 2}
+
+
+def wide_states(sched: Schedule) -> int:
+    """The loop's states that hold a whole column tile (64 or more elements wide) per row."""
+    def width(r) -> int:
+        n = 1
+        for a in r.free & ({sched.col} | set(sched.inner)):
+            n *= sched.extent(a)
+        return n
+    return sum(1 for r in sched.reductions if width(r) >= 64)
+
+
 def default_blocks(sched: Schedule) -> tuple[dict, dict]:
     gpu, cpu = dict(GPU_CONFIG), dict(INTERPRETER_CONFIG)
     row_block, loop_block = 128, 128
+    if wide_states(sched) >= 2:
+        loop_block = WIDE_STATES_CONFIG["loop"]
+        gpu["num_stages"] = WIDE_STATES_CONFIG["num_stages"]
     if sched.streams_rows:
         gpu.update(num_warps=VECTOR_ROWS_CONFIG["num_warps"], num_stages=VECTOR_ROWS_CONFIG["num_stages"])
         row_block, loop_block = VECTOR_ROWS_CONFIG["row"], VECTOR_ROWS_CONFIG["loop"]

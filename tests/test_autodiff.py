@@ -179,6 +179,15 @@ def test_attention_backward_is_flashattentions():
     assert all(set(o.axes) == {"b", "h", "i"} for o in forward.also)
 
 
+def test_a_slopes_gradient_is_an_output_of_the_kernel_that_loops_over_its_keys():
+    """The ALiBi slope's gradient sums dS * (j - i) over the keys (then over batch and queries on the host): a
+    further output of dQ's kernel, which loops over the keys too, not a kernel recomputing dS again."""
+    bw = differentiate(attention_spec(slope=True))
+    assert sorted(sorted(p.input for p in k.parts) for k in bw.kernels) == [["k", "v"], ["q", "slope"]]
+    both = next(k for k in bw.kernels if "slope" in {p.input for p in k.parts})
+    assert both.parts[0].input == "q" and set(both.spec.also[0].axes) == {"h", "b", "i"}
+
+
 @pytest.mark.parametrize("options,sizes", [
     pytest.param({}, {"S": 37}, marks=pytest.mark.slow),   # plain causal: the next case adds to it
     ({"kv_heads": 2, "heads": 4, "slope": True, "empty_row": 5}, {"S": 21, "B": 2}),

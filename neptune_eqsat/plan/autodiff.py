@@ -113,7 +113,7 @@ class Backward:
         for k in self.kernels:
             if len(k.parts) > 1:
                 lines.append(f"  one kernel {k.spec.name} writes {', '.join('d' + p.input for p in k.parts)} "
-                             f"(same axes, loop over {k.parts[0].loop})")
+                             f"(loop over {k.parts[0].loop})")
         lines += [f"  {n} is also an output of the forward kernel (forward_spec)" for n in self.saved]
         return lines
 
@@ -160,9 +160,11 @@ def differentiate(spec: Spec, wrt: tuple[str, ...] | None = None) -> Backward:
 
 
 def _sharing_loops(spec: Spec, parts: list[GradPart]) -> list[list[GradPart]]:
-    """The parts grouped by loop axis, host axes and output axes up to renaming short ones of the same extent
-    (dK over [b, h, j, d] and dV over [b, h, j, e]: one kernel holds d and e whole in its tiles), in order:
-    each group is one kernel."""
+    """The parts grouped into kernels, in order: those with the same loop axis, host axes and output axes up to
+    renaming short ones of the same extent (dK over [b, h, j, d] and dV over [b, h, j, e]: one kernel holds d
+    and e whole in its tiles); then a part whose output axes are among a group's first output's and which loops
+    over the same axis joins that group (an ALiBi slope's gradient per [h, b, i], summed over the keys, beside
+    dQ over [b, h, i, d])."""
     groups: dict[tuple, list[GradPart]] = {}
     for p in parts:
         key = (p.spec.output_axes, id(p))
@@ -171,7 +173,15 @@ def _sharing_loops(spec: Spec, parts: list[GradPart]) -> list[list[GradPart]]:
                           for a in p.spec.output_axes)
             key = (shape, p.host_sum, p.loop)
         groups.setdefault(key, []).append(p)
-    return list(groups.values())
+    out = list(groups.values())
+    for g in [g for g in out if len(g) == 1 and g[0].loop is not None]:
+        p = g[0]
+        host = next((h for h in out if h is not g and h[0].loop == p.loop
+                     and set(p.spec.output_axes) < set(h[0].spec.output_axes)), None)
+        if host is not None:
+            host.append(p)
+            out.remove(g)
+    return out
 
 
 def _one_kernel(spec: Spec, group: list[GradPart], k: int) -> GradKernel:
