@@ -82,7 +82,7 @@ def module_source(spec: Spec, forward_source: str, backward: Backward, sources: 
               f"    t[{backward.out_name!r}], t[{backward.grad_name!r}] = out, grad_out",
               "    sizes = {d: inputs[k].shape[pos] for d, (k, pos) in DIMS.items()}",
               "    dev = inputs[0].device",
-              "    grads = {n: torch.zeros(t[n].shape, dtype=torch.float32, device=dev) for n in WRT}"]
+              "    grads = {}"]
     for stage in backward.stages:
         lines += [f"    if {stage.name!r} not in t:",
                   f"        t[{stage.name!r}] = _run({stage.name!r}, t, {reads(stage.spec)})"]
@@ -92,7 +92,7 @@ def module_source(spec: Spec, forward_source: str, backward: Backward, sources: 
             lines.append("    gs = (gs,)")
         for k, part in enumerate(kernel.parts):
             lines += _part_lines(spec, part, k)
-    lines += ["    return tuple(grads[n].to(t[n].dtype) for n in WRT)", ""]
+    lines += ["    return tuple(grads[n].to(t[n].dtype) if n in grads else torch.zeros_like(t[n]) for n in WRT)", ""]
     return "\n".join(lines)
 
 
@@ -125,6 +125,10 @@ def _part_lines(spec: Spec, part: GradPart, k: int) -> list[str]:
     name = part.spec.output_name
     present = part.spec.output_axes[:len(part.spec.output_axes) - len(part.host_sum)]
     lines = [f"    g = gs[{k}]   # {name}"]
+    if part.as_is:   # the input's whole gradient, in its dtype
+        return lines + [f"    grads[{part.input!r}] = g"]
+    lines += [f"    if {part.input!r} not in grads:",
+              f"        grads[{part.input!r}] = torch.zeros(t[{part.input!r}].shape, dtype=torch.float32, device=dev)"]
     if part.host_sum:
         lines.append(f"    g = g.sum(dim={tuple(range(len(present), len(part.spec.output_axes)))!r})")
     # the output's axes are the index's in order, less those the gradient does not vary along (size 1 here)

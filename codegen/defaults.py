@@ -97,3 +97,29 @@ COMBINE_GPU = {"num_warps": 4, "num_stages": 1}
 
 
 COMBINE_CPU = {"num_warps": 1, "num_stages": 1}
+
+
+def quick_config(gpu: dict) -> dict:
+    """QUICK: what a first call changes in CONFIG to run kernels that compile fast and whose compile no length
+    or mask data changes (each entry below says which)."""
+    quick = {"ONE_LOOP": 1} if "ONE_LOOP" in gpu else {}
+    # tiles of matrix products at half the side, in 4 warps: a smaller kernel for LLVM and ptxas
+    quick.update({k: v // 2 for k, v in gpu.items() if k.startswith("BLOCK_") and 64 <= v <= 256})
+    # a loop block the launcher would size to the row (0, defaults.whole_row_lines): fixed, so that a new row
+    # length compiles nothing
+    quick.update({k: VECTOR_ROWS_CONFIG["loop"] for k, v in gpu.items() if k.startswith("BLOCK_") and v == 0})
+    if any(k.startswith("BLOCK_") for k in quick):
+        quick["num_warps"] = 4
+    # no software pipelining (a third less to compile), no bound tests dropped for lengths that are a multiple of
+    # the block (EVEN_*) and a fixed row order: nothing the kernel is compiled for depends on the call
+    quick["num_stages"] = 1
+    quick.update({k: 0 for k in gpu if k.startswith("EVEN_")})
+    if "USE_TMA" in gpu:   # loads through pointers: the launcher, built while the kernel compiles, then fits it
+        quick["USE_TMA"] = 0
+    if "ROW_ORDER" in gpu:
+        quick["ROW_ORDER"] = gpu["ROW_ORDER"]
+    if "COMBINE" in gpu:
+        quick["COMBINE"] = {"in_kernel": 0, **({"ONE_LOOP": 1} if "ONE_LOOP" in gpu["COMBINE"] else {})}
+    if "BACKEND" in gpu:
+        quick["BACKEND"] = "triton"
+    return quick

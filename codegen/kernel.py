@@ -220,6 +220,14 @@ class KernelWriter(Loads, TileReductions):
             xs, ints = [self.int_as_float(xs[0]), xs[1]], False
         if not ints and fn not in ir.LOGIC:
             xs = [self.as_float(x) for x in xs]
+        if fn == "div" and not ints and xs[1].axes and set(xs[1].axes) < set(axes) and blk.startswith("body"):
+            # a tile divided by a row of values inside the loop (dP / l): one reciprocal per row, then a
+            # multiply per element, not a full-precision division per element
+            rcp = self.cache.get(("reciprocal", xs[1].code, blk))
+            if rcp is None:
+                rcp = self.cache[("reciprocal", xs[1].code, blk)] = Val(self.put(blk, f"1.0 / {xs[1].code}"),
+                                                                          xs[1].axes, "f32")
+            fn, xs = "mul", [xs[0], rcp]
         code = OP_CODE[self.lang]["bin"][fn].format(*(self.expand(x, axes) for x in xs))
         if fn in ("floordiv", "mod") and not (ints and truncates_down):   # torch floors, Triton truncates
             code = self.flooring(fn, [self.expand(x, axes) for x in xs], ints, blk if axes else None)

@@ -15,7 +15,7 @@ from neptune_eqsat.plan.schedule import Schedule
 
 from . import blocks
 from .defaults import (COMBINE_CPU, COMBINE_GPU, CONTRACTION_LOOP_BLOCK, GLUON_CONFIG, SPLIT_KEYS,
-                       VECTOR_ROWS_CONFIG, default_blocks, whole_row_lines)
+                       VECTOR_ROWS_CONFIG, default_blocks, quick_config, whole_row_lines)
 from .gluon import WarpSpecialized, lists_suit_gluon, match_warp_specialized, render_warp_specialized
 from .gluon_writer import CONSUMERS, ROWS, GluonWriter
 from .kernel import KernelWriter, grid_sizes, jit_decorator
@@ -131,32 +131,6 @@ def _any_length_source(kernels: list[tuple[str, list[str]]]) -> str:
              "_ANY_LENGTH.update({"]
     lines += [f"    {name}: _any_length({name}, {params!r})," for name, params in kernels]
     return "\n".join(lines + ["})", "", ""])
-
-
-def _quick_config(gpu: dict) -> dict:
-    """QUICK: what a first call changes in CONFIG to run kernels that compile fast and whose compile no length
-    or mask data changes (each entry below says which)."""
-    quick = {"ONE_LOOP": 1} if "ONE_LOOP" in gpu else {}
-    # tiles of matrix products at half the side, in 4 warps: a smaller kernel for LLVM and ptxas
-    quick.update({k: v // 2 for k, v in gpu.items() if k.startswith("BLOCK_") and 64 <= v <= 256})
-    # a loop block the launcher would size to the row (0, defaults.whole_row_lines): fixed, so that a new row
-    # length compiles nothing
-    quick.update({k: VECTOR_ROWS_CONFIG["loop"] for k, v in gpu.items() if k.startswith("BLOCK_") and v == 0})
-    if any(k.startswith("BLOCK_") for k in quick):
-        quick["num_warps"] = 4
-    # no software pipelining (a third less to compile), no bound tests dropped for lengths that are a multiple of
-    # the block (EVEN_*) and a fixed row order: nothing the kernel is compiled for depends on the call
-    quick["num_stages"] = 1
-    quick.update({k: 0 for k in gpu if k.startswith("EVEN_")})
-    if "USE_TMA" in gpu:   # loads through pointers: the launcher, built while the kernel compiles, then fits it
-        quick["USE_TMA"] = 0
-    if "ROW_ORDER" in gpu:
-        quick["ROW_ORDER"] = gpu["ROW_ORDER"]
-    if "COMBINE" in gpu:
-        quick["COMBINE"] = {"in_kernel": 0, **({"ONE_LOOP": 1} if "ONE_LOOP" in gpu["COMBINE"] else {})}
-    if "BACKEND" in gpu:
-        quick["BACKEND"] = "triton"
-    return quick
 
 
 def _grid(w: KernelWriter, sched: Schedule, cfg: str) -> tuple[str, str]:
@@ -326,7 +300,7 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
         plan=textwrap.indent(plan_text, "    "), plan_one=plan_text, name=name, gpu=gpu, cpu=cpu, kernels=kernels,
         helpers=helpers, runtime=_runtime_source(), tuned=tuned_table,
         tuned_for=tuned_for,
-        gluon_imports=gluon_imports, inputs_table=inputs_table, lengths=lengths, quick=_quick_config(gpu),
+        gluon_imports=gluon_imports, inputs_table=inputs_table, lengths=lengths, quick=quick_config(gpu),
         any_length=_any_length_source(twins), args=", ".join(inputs), first=inputs[0], dims=dims or "    pass",
         launch="\n".join(launch), result=result,
         doc=f"{spec.name}: inputs {', '.join(inputs)}; returns {', '.join([spec.output_name] + [o.name for o in spec.also])}.",

@@ -140,8 +140,11 @@ def _with_backward(result, sizes: dict[str, int], limits, explain: bool) -> str:
             sources[key] = run(sub, sizes=sub_sizes, limits=limits, device=result.device,
                                spec_file=result.spec.name, out_file=key).source
         if bw.saved:   # the forward writing the saved values too, as a training step runs it
-            sources["forward_saved"] = run(bw.forward_spec(), sizes=sizes, limits=limits, device=result.device,
-                                           spec_file=result.spec.name, out_file="forward_saved").source
+            try:
+                sources["forward_saved"] = run(bw.forward_spec(), sizes=sizes, limits=limits, device=result.device,
+                                               spec_file=result.spec.name, out_file="forward_saved").source
+            except SpecError:   # a forward no one kernel runs with them (stages): the backward computes them
+                pass
         source = module_source(result.spec, result.source, bw, sources)
     except SpecError as e:
         raise click.ClickException(str(e)) from e

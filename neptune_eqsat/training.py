@@ -20,7 +20,7 @@ from neptune_eqsat.ir import Term
 from neptune_eqsat.compiled import compiled_module, compiler_fingerprint, run_kernels
 from neptune_eqsat.plan.autodiff import Backward, GradPart, differentiate
 from neptune_eqsat.frontend.reference import Evaluator, _align, bind_sizes
-from neptune_eqsat.frontend.spec import Spec
+from neptune_eqsat.frontend.spec import Spec, SpecError
 
 TORCH = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
 
@@ -76,6 +76,9 @@ class CompiledBackward:
             gs = run_spec(kernel.spec, tensors)
             for part, g in zip(kernel.parts, gs if len(kernel.parts) > 1 else (gs,)):
                 x = inputs[part.input]
+                if part.as_is:
+                    result[part.input] = g   # the input's only part, in its dtype (autodiff._in_input_dtype)
+                    continue
                 acc = result.get(part.input)
                 if acc is None:
                     acc = result[part.input] = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
@@ -140,20 +143,24 @@ class _SpecFunction(torch.autograd.Function):
         return (None, *(grads.get(n) for n in names))
 
 
-_FORWARDS: dict[str, Backward] = {}   # spec key -> the derivation whose saved values its forward writes
+_FORWARDS: dict[str, Backward | None] = {}   # spec key -> the derivation whose saved values its forward writes
 
 
 def forward_outputs(spec: Spec, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[Term, torch.Tensor]]:
     """The output and the values a backward saves (a row max, a row sum), written by one forward kernel, the
-    latter keyed by their terms (CompiledBackward.grads reads them)."""
+    latter keyed by their terms (CompiledBackward.grads reads them). A spec no one kernel runs with its saved
+    values beside it (one planned as stages) gives its output alone: the backward's stages compute them."""
     key = spec_key(spec)
     if key not in _FORWARDS:
         _FORWARDS[key] = differentiate(spec)
     bw = _FORWARDS[key]
-    if not bw.saved:
-        return run_spec(spec, inputs), {}
-    out, *extras = run_spec(bw.forward_spec(), inputs)
-    return out, dict(zip(bw.saved.values(), extras))
+    if bw is not None and bw.saved:
+        try:
+            out, *extras = run_spec(bw.forward_spec(), inputs)
+            return out, dict(zip(bw.saved.values(), extras))
+        except SpecError:
+            _FORWARDS[key] = None
+    return run_spec(spec, inputs), {}
 
 
 class Differentiable:

@@ -129,6 +129,12 @@ def run(args) -> list[dict]:
                     row.update(ms=ms, tflops=flops / ms / 1e9)
                     if system == "neptune":
                         row["max_rel_error"] = err
+                        # what a training step's forward costs: the output alone, and with the saved values
+                        plain = [t.detach() for t in ((q, k, v, slopes) if op.mod == "alibi" else (q, k, v))]
+                        row["forward_ms"] = triton.testing.do_bench(lambda: module.forward(*plain), warmup=20,
+                                                                    rep=100, return_mode="median")
+                        row["forward_saved_ms"] = triton.testing.do_bench(lambda: module.forward_saved(*plain),
+                                                                          warmup=20, rep=100, return_mode="median")
                 except Exception as e:   # a system that fails (out of memory, no kernel) is a row saying so
                     row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
                 torch.cuda.empty_cache()

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from neptune_eqsat import ir
 from neptune_eqsat.plan.derivatives import local_adjoints, plus, shift_invariant, total
 from neptune_eqsat.ir import Term
+from neptune_eqsat.plan.products import products
 from neptune_eqsat.plan.schedule import is_large
 from neptune_eqsat.frontend.spec import Output, Spec, SpecError
 from neptune_eqsat.plan.stages import Stage, fresh_name, sub_spec, tensor_of
@@ -48,6 +49,7 @@ class GradPart:
     axes: tuple[str, ...]          # the index's axes; the output has those the gradient varies along
     host_sum: tuple[str, ...] = ()
     loop: str | None = None        # the axis its kernel's loop reduces over
+    as_is: bool = False            # the input's whole gradient, in its dtype: the host takes the output as it is
 
     @property
     def groups(self) -> tuple[tuple[int, int], ...] | None:
@@ -72,6 +74,11 @@ class GradPart:
         """The gradient is the output as it is (broadcast along axes it does not vary along): the index reads
         each input dimension by its own axis, in order."""
         return self.groups == ()
+
+    @property
+    def whole(self) -> bool:
+        """The kernel's output is the gradient itself: direct, of the input's shape, with nothing to sum."""
+        return self.direct and not self.host_sum and len(self.spec.output_axes) == len(self.axes)
 
 
 @dataclass(frozen=True)
@@ -153,10 +160,21 @@ def differentiate(spec: Spec, wrt: tuple[str, ...] | None = None) -> Backward:
         for a in _by_axes(contributions):
             a = stager.replace(ir.substitute(a, saved))
             bw.parts.append(_grad_part(spec, load, a, extra, len(bw.parts), reduced))
+    bw.parts = [_in_input_dtype(spec, p) if [q.input for q in bw.parts].count(p.input) == 1 else p
+                for p in bw.parts]
     bw.kernels = [_one_kernel(spec, group, k) for k, group in enumerate(_sharing_loops(spec, bw.parts))]
     bw.saved = {name: t for name, t in stager.saved.items()
                 if {x.attrs[0] for x in ir.walk(t) if x.op == "load"} <= set(spec.inputs)}
     return bw
+
+
+def _in_input_dtype(spec: Spec, part: GradPart) -> GradPart:
+    """The only part of an input's gradient that is the kernel's output as it is: written in the input's dtype
+    (accumulated in fp32 in the kernel, rounded once), so the host neither adds it into a zeroed fp32 buffer nor
+    converts it."""
+    if not part.whole:
+        return part
+    return replace(part, spec=replace(part.spec, output_dtype=spec.inputs[part.input].dtype), as_is=True)
 
 
 def _sharing_loops(spec: Spec, parts: list[GradPart]) -> list[list[GradPart]]:
@@ -323,81 +341,6 @@ def _grad_part(spec: Spec, load: Term, a: Term, extra: dict, k: int, reduced: se
     return GradPart(name, sub, tuple(index), tuple(keep), host, rest[0] if rest else None)
 
 
-SIXTEEN = ("f16", "bf16")
-
-
-def _products(t: Term, dtypes: dict[str, str]) -> Term:
-    """Sums of products written as matrix products: factors that do not vary along the summed axis move out
-    (sum_e (dO / L) * V = (sum_e dO * V) / L; constants likewise), and where one of the two operands left is a
-    16-bit tensor the other is rounded to its dtype, as the forward rounds its probabilities before P V: the
-    adjoint's dS and P / L meet dO, K and Q on the tensor cores in 16 bits, accumulating in fp32."""
-    return ir.bottom_up(t, lambda y: _as_product(y, dtypes) if y.op == "red" and y.attrs[0] == "sum" else y)
-
-
-def _as_product(r: Term, dtypes: dict[str, str]) -> Term:
-    ax = r.attrs[1]
-    num, den = _factors(r.args[0])
-    inner = [f for f in num if ax in f.free]
-    if len(inner) < 2:
-        return r
-    outer = [f for f in num if ax not in f.free]
-    inner_den = [f for f in den if ax in f.free]
-    outer_den = [f for f in den if ax not in f.free]
-    wide = next((f for f in inner if _sixteen(f, dtypes)), None)
-    at = inner.index(wide) if wide is not None else 0
-    first, rest = inner[at], inner[:at] + inner[at + 1:]   # x * x: the same term twice
-    second = _product(rest)
-    for d in inner_den:
-        second = ir.bin("div", second, d)
-    dtype = _sixteen(first, dtypes)
-    if dtype and _sixteen(second, dtypes) != dtype:
-        second = _rounded(second, dtype, dtypes)
-    out = Term("red", r.attrs, (ir.bin("mul", first, second),), r.origin)
-    for f in outer:
-        out = ir.bin("mul", out, f)
-    for d in outer_den:
-        out = ir.bin("div", out, d)
-    return out
-
-
-def _rounded(t: Term, dtype: str, dtypes: dict[str, str]) -> Term:
-    """t rounded to `dtype` factor by factor: a cast of a product is the same value, but the algebra rules may
-    move such a cast onto one factor (cast(a * b) = cast(a) * b), which leaves an fp32 operand."""
-    if t.op == "bin" and t.attrs[0] == "mul":
-        return ir.bin("mul", _rounded(t.args[0], dtype, dtypes), _rounded(t.args[1], dtype, dtypes))
-    return t if _sixteen(t, dtypes) == dtype else ir.cast(dtype, t)
-
-
-def _factors(t: Term) -> tuple[list[Term], list[Term]]:
-    """t as a product of numerator factors over denominator factors."""
-    if t.op == "bin" and t.attrs[0] == "mul":
-        (n1, d1), (n2, d2) = _factors(t.args[0]), _factors(t.args[1])
-        return n1 + n2, d1 + d2
-    if t.op == "bin" and t.attrs[0] == "div":
-        (n1, d1), (n2, d2) = _factors(t.args[0]), _factors(t.args[1])
-        return n1 + d2, d1 + n2
-    if t.op == "un" and t.attrs[0] == "neg":
-        n, d = _factors(t.args[0])
-        return [ir.const(-1.0)] + n, d
-    return [t], []
-
-
-def _product(fs: list[Term]) -> Term:
-    out = fs[0]
-    for f in fs[1:]:
-        out = ir.bin("mul", out, f)
-    return out
-
-
-def _sixteen(t: Term, dtypes: dict[str, str]) -> str | None:
-    """The 16-bit dtype of a tensor read or a cast, else None."""
-    if t.op == "load" and dtypes.get(t.attrs[0]) in SIXTEEN:
-        return dtypes[t.attrs[0]]
-    if t.op == "cast" and t.attrs[0] in SIXTEEN:
-        return t.attrs[0]
-    return None
-
-
 def _plain(t: Term) -> Term:
     """An index without the identities that hide a plain axis: `h // 1`, `i + 0`, `j * 1`."""
     while t.op == "bin" and t.args[1].op == "const" and (t.attrs[0], t.args[1].attrs[0]) in (
@@ -420,6 +363,6 @@ def _typical(spec: Spec, ax: str) -> int:
 
 
 def _sub_spec(spec: Spec, name: str, term: Term, axes: tuple[str, ...], extra: dict) -> Spec:
-    """A part of the backward: `term` in matrix-product form (`_products`), computed by its own spec."""
+    """A part of the backward: `term` in matrix-product form (`products.py`), computed by its own spec."""
     dtypes = {n: t.dtype for n, t in spec.inputs.items()} | {n: d for n, (d, _) in extra.items()}
-    return sub_spec(spec, name, _products(term, dtypes), axes, extra, f"part of the backward pass of {spec.name}")
+    return sub_spec(spec, name, products(term, dtypes), axes, extra, f"part of the backward pass of {spec.name}")
