@@ -13,11 +13,6 @@ class Loads:
         key = ("load", t, order, blk)
         if key in self.cache:
             return self.cache[key]
-        other = self.cache.get(("load", t, order[::-1], blk)) if len(order) == 2 else None
-        if other is not None:   # the same tile in the other order (Q in K Q^T and in dS Q): one load, transposed
-            v = Val(self.put(blk, f"{self.lang}.trans({other.code})"), order, other.dtype)
-            self.cache[key] = v
-            return v
         name = t.attrs[0]
         parts = [f"{name}_ptr"]
         for pos, idx in enumerate(t.args):

@@ -174,6 +174,32 @@ def test_a_malformed_extracted_term_is_rejected_not_scheduled():
     assert "an operation 'j', not in the op registry" in _malformed(spec, named_by_an_axis)
 
 
+def test_an_extracted_term_that_computes_something_else_is_rejected(monkeypatch):
+    """Translation validation: an extraction that names only what the spec has but is not equal to it (a wrong
+    merge in the e-graph once made exp2((s - m) * c) read exp2(m * c * s) in a backward kernel) is rejected by
+    its float64 value at small sizes, the compiler saturates afresh, and the plan computes the spec."""
+    from neptune_eqsat.plan import extract
+    from neptune_eqsat.plan.validate import disagreement
+    spec = load_spec(SPECS / "softmax.py")
+    assert disagreement(spec, spec.output_term) == ""
+    r, j = ir.axis("r"), ir.axis("j")
+    x, m = ir.load("x", r, j), ir.red("max", "j", ir.load("x", r, j))
+    num, den = ir.un("exp", ir.bin("sub", x, m)), ir.red("sum", "j", ir.un("exp", ir.bin("sub", x, m)))
+    assert disagreement(spec, ir.bin("div", num, den)) == ""   # the same value, written again
+    swapped = ir.bin("div", ir.un("exp", ir.bin("mul", x, m)), den)
+    assert "its y differs from the spec's" in disagreement(spec, swapped)
+    calls = []
+    real = extract.to_term
+
+    def wrong_once(*args):
+        calls.append(1)
+        return swapped if len(calls) == 1 else real(*args)
+    monkeypatch.setattr(extract, "to_term", wrong_once)
+    result = optimize(str(SPECS / "softmax.py"))
+    assert any("differs from the spec's" in r for r in result.saturation.rejected)
+    assert disagreement(spec, result.chosen.term) == ""
+
+
 def test_when_every_extraction_is_malformed_the_spec_as_written_is_compiled(monkeypatch):
     """An extraction that does not read as a term of the spec (rare, not reproducible) costs a second
     saturation and at worst the fusion, never the kernel: the compiler saturates afresh, then falls back to

@@ -28,6 +28,7 @@ from neptune_eqsat.plan.plan import Plan
 from neptune_eqsat.plan.saturate import Saturation
 from neptune_eqsat.plan.schedule import TILE_LIMIT, Schedule, schedule
 from neptune_eqsat.plan.snapshot import ENode, Snapshot, best_nodes, snapshot, to_term, written
+from neptune_eqsat.plan.validate import disagreement
 from neptune_eqsat.frontend.spec import Spec, SpecError
 
 OP_WORK = {name: op.work for kind in ops.OPS.values() for name, op in kind.items()}
@@ -193,8 +194,8 @@ def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device,
         if term in seen:
             continue
         seen.add(term)
-        malformed = _malformed(spec, term)
-        if malformed:   # a term that names what the spec does not have cannot be a plan of it
+        malformed = _malformed(spec, term) or disagreement(spec, term)
+        if malformed:   # a term that names what the spec lacks, or computes something else, is no plan of it
             sat.rejected.append(f"{family}: {malformed}")
             sat.malformed += 1
             continue
