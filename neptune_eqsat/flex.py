@@ -137,15 +137,39 @@ def _resolve(plan: str, query, key, value) -> _Compiled:
 attention_op = torch.library.custom_op("neptune_eqsat::flex_attention", run_plan, mutates_args=())
 
 
-def run_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, out: torch.Tensor,
-                 grad: torch.Tensor, captures: list[torch.Tensor], plan: str, wrt: str) -> list[torch.Tensor]:
-    """The gradients of the inputs named in `wrt` ("q,k,v,capture0"), by the backward kernels derived from the
-    plan's spec (autodiff.py), in that order."""
+def run_train_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, captures: list[torch.Tensor],
+                   plan: str) -> list[torch.Tensor]:
+    """run_plan for a training step: the output, then the values its backward reads (a row max, a row sum),
+    written by the same forward kernel (training.forward_outputs)."""
+    from neptune_eqsat.training import forward_outputs   # the compiler's side: only for gradients
     compiled = _module_for(plan, query, key, value)
-    names = tuple(wrt.split(","))
+    inputs = _named_inputs(query, key, value, captures)
+    compiled.check_indices(query, key, list(inputs.values())[3:])
+    out, saved = forward_outputs(compiled.spec, inputs)
+    return [out, *saved]
+
+
+def _named_inputs(query, key, value, captures) -> dict[str, torch.Tensor]:
     inputs = {"q": query, "k": key, "v": value}
     inputs.update({f"capture{k}": _as_kernel_input(c, query.device) for k, c in enumerate(captures)})
-    grads = compiled.backward(names).grads(inputs, out, grad.contiguous())   # each kernel run by run_kernels
+    return inputs
+
+
+train_op = torch.library.custom_op("neptune_eqsat::flex_attention_train", run_train_plan, mutates_args=())
+
+
+def run_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, out: torch.Tensor,
+                 grad: torch.Tensor, captures: list[torch.Tensor], saved: list[torch.Tensor], plan: str,
+                 wrt: str) -> list[torch.Tensor]:
+    """The gradients of the inputs named in `wrt` ("q,k,v,capture0"), by the backward kernels derived from the
+    plan's spec (autodiff.py), in that order; `saved`: what the training forward wrote beside the output (none
+    after a forward without it: the backward computes them)."""
+    from neptune_eqsat.training import saved_terms
+    compiled = _module_for(plan, query, key, value)
+    names = tuple(wrt.split(","))
+    by_term = dict(zip(saved_terms(compiled.spec), saved)) if saved else {}
+    grads = compiled.backward(names).grads(_named_inputs(query, key, value, captures), out, grad.contiguous(),
+                                           by_term)   # each kernel run by run_kernels
     return [grads[n] for n in names]
 
 
@@ -158,7 +182,7 @@ def _wrt_tensors(query, key, value, captures, wrt: str) -> list[torch.Tensor]:
 
 
 @backward_op.register_fake
-def _(query, key, value, out, grad, captures, plan, wrt):
+def _(query, key, value, out, grad, captures, saved, plan, wrt):
     return [torch.empty_like(t) for t in _wrt_tensors(query, key, value, captures, wrt)]
 
 
@@ -167,21 +191,38 @@ def _setup_backward(ctx, inputs, output) -> None:
     ctx.plan = plan
     ctx.wants = [t.requires_grad for t in (query, key, value)] + \
         [c.requires_grad and c.dtype in DTYPES for c in captures]
-    ctx.save_for_backward(query, key, value, output, *captures)
+    out, saved = (output[0], output[1:]) if isinstance(output, (list, tuple)) else (output, [])
+    ctx.saved_count = len(saved)
+    ctx.save_for_backward(query, key, value, out, *saved, *captures)
 
 
 def _backward(ctx, grad):
-    query, key, value, out, *captures = ctx.saved_tensors
+    if isinstance(grad, (list, tuple)):   # the training operator's: only its output carries a gradient
+        grad = grad[0]
+    query, key, value, out = ctx.saved_tensors[:4]
+    saved = list(ctx.saved_tensors[4:4 + ctx.saved_count])
+    captures = list(ctx.saved_tensors[4 + ctx.saved_count:])
     names = [n for n, want in zip(["q", "k", "v"] + [f"capture{k}" for k in range(len(captures))], ctx.wants)
              if want]
-    if not names:
+    if not names or grad is None:
         return None, None, None, None, None
-    grads = dict(zip(names, backward_op(query, key, value, out, grad, captures, ctx.plan, ",".join(names))))
+    grads = dict(zip(names, backward_op(query, key, value, out, grad, captures, saved, ctx.plan, ",".join(names))))
     return (grads.get("q"), grads.get("k"), grads.get("v"),
             [grads.get(f"capture{k}") for k in range(len(captures))], None)
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_backward)
+train_op.register_autograd(_backward, setup_context=_setup_backward)
+
+
+@train_op.register_fake
+def _(query, key, value, captures, plan):
+    from neptune_eqsat.training import saved_terms
+    score_mod, mask_mod, scale, enable_gqa, lse = _CALLABLES[plan]
+    spec = trace(score_mod, mask_mod, _problem(query, key, value, scale, enable_gqa, lse))[0]
+    rows = query.shape[:3]
+    return [query.new_empty(*rows, value.shape[-1])] + \
+        [query.new_empty(*rows, dtype=torch.float32) for _ in saved_terms(spec)]
 
 
 @attention_op.register_fake
@@ -248,6 +289,8 @@ def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
 
 def _run(query, key, value, plan):
     captures = _CAPTURES[plan]
+    if _needs_grad(query, key, value, captures) and not plan.endswith(":lse"):
+        return train_op(query, key, value, captures, plan)[0]   # the forward writes what the backward reads
     if torch.compiler.is_compiling() or _needs_grad(query, key, value, captures):
         return attention_op(query, key, value, captures, plan)   # one opaque node; differentiable
     return run_plan(query, key, value, captures, plan)   # eager: skip the operator's dispatch cost

@@ -120,13 +120,11 @@ class _SpecFunction(torch.autograd.Function):
     def forward(ctx, owner: "Differentiable", *xs):
         names = list(owner.spec.inputs)
         inputs = dict(zip(names, xs))
-        terms: tuple[Term, ...] = ()
         if any(ctx.needs_input_grad[1:]):   # a training step: the forward kernel also writes the saved values
-            out, saved = forward_outputs(owner.spec, inputs)
-            terms, extras = tuple(saved), tuple(saved.values())
+            out, extras = forward_outputs(owner.spec, inputs)
         else:
-            out, extras = run_spec(owner.spec, inputs), ()
-        ctx.owner, ctx.names, ctx.terms = owner, names, terms
+            out, extras = run_spec(owner.spec, inputs), []
+        ctx.owner, ctx.names = owner, names
         ctx.save_for_backward(*xs, out, *extras)
         return out
 
@@ -139,28 +137,44 @@ class _SpecFunction(torch.autograd.Function):
         if not wrt:
             return (None,) * (1 + len(xs))
         grads = owner.backward_for(wrt).grads(dict(zip(names, xs)), out, grad_out.contiguous(),
-                                              dict(zip(ctx.terms, extras)))
+                                              dict(zip(saved_terms(owner.spec), extras)))
         return (None, *(grads.get(n) for n in names))
 
 
-_FORWARDS: dict[str, Backward | None] = {}   # spec key -> the derivation whose saved values its forward writes
+_DERIVED: dict[str, Backward] = {}   # spec key -> its derivation for every floating input (the saved values)
+_STAGED: set[str] = set()              # specs whose forward kernel cannot write the saved values too
 
 
-def forward_outputs(spec: Spec, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[Term, torch.Tensor]]:
-    """The output and the values a backward saves (a row max, a row sum), written by one forward kernel, the
-    latter keyed by their terms (CompiledBackward.grads reads them). A spec no one kernel runs with its saved
-    values beside it (one planned as stages) gives its output alone: the backward's stages compute them."""
+def _derivation(spec: Spec) -> Backward:
     key = spec_key(spec)
-    if key not in _FORWARDS:
-        _FORWARDS[key] = differentiate(spec)
-    bw = _FORWARDS[key]
-    if bw is not None and bw.saved:
+    if key not in _DERIVED:
+        _DERIVED[key] = differentiate(spec)
+    return _DERIVED[key]
+
+
+def saved_terms(spec: Spec) -> list[Term]:
+    """The values a training step's forward gives its backward (a row max, a row sum), as forward terms, in the
+    order forward_outputs returns them."""
+    return list(_derivation(spec).saved.values())
+
+
+def forward_outputs(spec: Spec, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The output and the values the backward saves (saved_terms' order), written by one forward kernel; for a
+    spec that no one kernel runs with them beside its output (one planned as stages), the forward kernel and
+    the backward's stages that compute them."""
+    bw, key = _derivation(spec), spec_key(spec)
+    if bw.saved and key not in _STAGED:
         try:
             out, *extras = run_spec(bw.forward_spec(), inputs)
-            return out, dict(zip(bw.saved.values(), extras))
+            return out, extras
         except SpecError:
-            _FORWARDS[key] = None
-    return run_spec(spec, inputs), {}
+            _STAGED.add(key)
+    out = run_spec(spec, inputs)
+    tensors = dict(inputs)
+    for stage in bw.stages:
+        if stage.name in bw.saved:
+            tensors[stage.name] = run_spec(stage.spec, tensors)
+    return out, [tensors[n] for n in bw.saved]
 
 
 class Differentiable:

@@ -164,3 +164,24 @@ def test_gradients_under_torch_compile_match_eager():
     torch.compile(loss, fullgraph=True)(q, k, v).backward()
     for a, b in zip(eager, (q.grad, k.grad, v.grad)):
         assert torch.equal(a, b)
+
+
+def test_the_training_forward_writes_what_the_backward_reads(monkeypatch):
+    """With gradients wanted, the forward kernel also writes the row max and row sum; the backward reads them
+    and runs no kernel of its own to compute them again."""
+    from neptune_eqsat import training
+    ran = []
+    real = training.run_spec
+
+    def counted(spec, tensors):
+        ran.append(spec.name)
+        return real(spec, tensors)
+    monkeypatch.setattr(training, "run_spec", counted)
+
+    def mods(learned):
+        return None, causal
+    run_both((1, 2, 1, 21, 21, 16), torch.float16, mods, seed=3)
+    forward, *backward = ran   # one forward kernel (with its further outputs), then the backward's
+    assert all(n.startswith(forward + "_") for n in backward), ran
+    assert not any("saved" in n for n in backward), ran   # no stage computes the row max or sum again
+    assert [n[len(forward) + 1:].rstrip("0123456789") for n in backward] == ["stat", "dv_dk", "dq"], ran
