@@ -12,7 +12,10 @@ results), so the reference evaluator reads plans of every family.
 """
 from __future__ import annotations
 
+import torch
+
 from neptune_eqsat.ir import Term
+from neptune_eqsat.frontend.reference import Evaluator, _align, random_inputs
 from neptune_eqsat.frontend.spec import Spec
 
 SIZES = (5, 7, 6)   # the dims, in turn: small, unequal, not multiples of one another
@@ -21,10 +24,6 @@ SIZES = (5, 7, 6)   # the dims, in turn: small, unequal, not multiples of one an
 def disagreement(spec: Spec, term: Term) -> str:
     """Why `term` (the extracted root) is not the spec's value at small sizes, or "" when they agree or the
     reference cannot evaluate one of them."""
-    import torch
-
-    from neptune_eqsat.frontend.reference import Evaluator, _align, random_inputs
-
     sizes = {d: SIZES[k % len(SIZES)] for k, d in enumerate(sorted(spec.dims_))}
     outputs = [(spec.output_name, spec.output_term, spec.output_axes)] + [(o.name, o.term, o.axes) for o in spec.also]
     got = term.args if term.op == "pack" else (term,)
