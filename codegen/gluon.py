@@ -76,8 +76,6 @@ def _check_shape(sched: Schedule) -> None:
         raise NotEligible(f"{sched.passes} passes over {sched.loop}: the reductions are not all rolled into one")
     if spec.output_index is not None or tuple(spec.output_axes[-2:]) != (sched.row, sched.col):
         raise NotEligible("the output is not written as [..., row, col]")
-    if spec.also:
-        raise NotEligible(f"{1 + len(spec.also)} outputs: the warp-specialized kernel writes one")
     if len(sched.inner) != 1:
         raise NotEligible(f"in-tile reduction axes {sched.inner}: the per-block product needs exactly one")
     for ax in (sched.col, sched.inner[0]):
@@ -124,6 +122,7 @@ class WarpSpecialized:
     ordered: bool          # tiles are ordered by work (ORDER)
     out: Val               # the output tile, in the epilogue
     out_coords: list[str]
+    extras: tuple = ()     # further outputs, row vectors: (pointer stem, value's code, axes)
 
 
 def match_warp_specialized(sched: Schedule, name: str) -> WarpSpecialized | str:
@@ -192,11 +191,19 @@ def _match(sched: Schedule, name: str) -> WarpSpecialized:
         raise NotEligible("values computed between passes")
 
     w.ctx = Context("epilogue", "epilogue", complete=set(reds), running=set())
-    out = w.emit(sched.term)
+    terms = sched.term.args if sched.term.op == "pack" else (sched.term,)
+    out = w.emit(terms[0])
+    extras = []
+    for k, (t, o) in enumerate(zip(terms[1:], sched.spec.also)):
+        v = w.emit(t)
+        if v.axes != (row,) or any(a != row and a not in sched.grid for a in o.axes):
+            raise NotEligible(f"output {o.name} is not a row vector of the tile (the warp-specialized kernel "
+                              "writes further outputs of its rows only)")
+        extras.append((f"out{k + 1}", v.code, o.axes))
     if out.axes != (row, col) or w.spec.output_dtype != w.dtype:
         raise NotEligible("the output is not a row x column tile of the operands' type (it leaves through A's buffer)")
     out_coords = [a if a in sched.grid else "0" for a in sched.spec.output_axes[:-2]] + [f"i_lo + ME * {ROWS}", "0"]
-    return WarpSpecialized(w, name, head, rows, bounds, listed, tiles, ordered, out, out_coords)
+    return WarpSpecialized(w, name, head, rows, bounds, listed, tiles, ordered, out, out_coords, tuple(extras))
 
 
 def _gluon_blocks(line: str, w: GluonWriter) -> str:
@@ -220,6 +227,8 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
     pointers = []
     for n in w.pointer_inputs:
         pointers += [f"{n}_ptr"] + [f"{n}_s{k}" for k in range(len(w.spec.inputs[n].shape))]
+    for stem, _, axes in m.extras:
+        pointers += [f"{stem}_ptr"] + [f"{stem}_s{k}" for k in range(len(axes))]
     params = [a_param, b_param, v_param, "out_desc"] + pointers + [f"{t.param}_ptr" for t in w.tables.values()] + dims
     shared = ["a_smem", "b_smem", "v_smem", "a_bar", "a_free", "kv_ready", "kv_empty", "turns"]
     consts = ["BLOCK_I", "BLOCK_J", "STAGES"] + (["ORDER"] if ordered else [])
@@ -289,7 +298,12 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
         "# the output leaves through this consumer's rows of A, which no product reads any more (storing it from",
         "# registers instead, with A freed after the last A B^T, ran slower on an H100: 0.85x cuDNN instead of",
         "# 0.90x at global S 1024, 0.87x instead of 0.93x at grouped-query S 1024)"]
-    tile_body += w.blocks["epilogue"] + [
+    tile_body += w.blocks["epilogue"]
+    for stem, code, axes in m.extras:   # a row vector of each consumer's rows (a row max, a row sum)
+        ptr = " + ".join([f"{stem}_ptr"] + [f"{f'offs_{a}' if a == w.row else a} * {stem}_s{k}"
+                                            for k, a in enumerate(axes)])
+        tile_body.append(f"gl.store({ptr}, gl.convert_layout({code}, S_ROWS).to(gl.float32), mask=valid_{w.row})")
+    tile_body += [
         f"a_tile.store({out.code}.to({GLUON_DTYPE[w.spec.output_dtype]}))",
         "fence_async_shared()",
         f"tma.async_copy_shared_to_global(out_desc, [{', '.join(out_coords)}], "

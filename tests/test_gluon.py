@@ -16,7 +16,7 @@ from neptune_eqsat.codegen.gluon import eligible, tile_lines
 from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
 from neptune_eqsat.tune.database import candidates, tune
 
-from conftest import SPECS, compiled, on_device
+from conftest import DEVICE, SPECS, compiled, on_device
 
 PREFILL = ["global_pf", "causal_pf", "gqa_pf", "alibi_pf", "softcap_pf", "window_pf"]
 
@@ -231,3 +231,42 @@ def test_a_config_measured_best_before_is_tried_right_after_the_default():
     result = tune(forward, [], config, budget=60.0, measure=measure, progress=None, seeds=[earlier])
     assert seen[0] == config and seen[1] == {**config, **earlier}
     assert result.best == {**config, **earlier}
+
+
+def test_a_training_forward_writes_its_row_values_from_the_gluon_kernel(tmp_path):
+    """The forward a training step runs (the output, then the saved row max and row sum as further outputs)
+    keeps its warp-specialized kernel: each consumer stores its rows of the row values, and it compiles for an
+    H100 as the one-output kernel does."""
+    from neptune_eqsat.compiler import optimize
+    from neptune_eqsat.plan.autodiff import differentiate
+    from neptune_eqsat.spec import load_spec
+    spec = differentiate(load_spec(SPECS / "causal_pf.py")).forward_spec()
+    assert len(spec.also) == 2
+    result = optimize(spec)
+    assert "no warp-specialized" not in result.explain()
+    assert "gl.store(out1_ptr" in result.source and "gl.store(out2_ptr" in result.source
+    path = tmp_path / "causal_pf_training.py"
+    path.write_text(result.source)
+    script = tmp_path / "ptx.py"
+    script.write_text(GLUON_PTX)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    (line,) = subprocess.run([sys.executable, str(script), str(path)], env=env, check=True, capture_output=True,
+                             text=True, timeout=900).stdout.splitlines()
+    assert int(line.split()[1]) == 12
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="Gluon kernels have no interpreter: run with NEPTUNE_TEST_DEVICE=cuda")
+def test_the_training_forwards_row_values_match_float64_on_the_gpu():
+    from neptune_eqsat.compiler import optimize
+    from neptune_eqsat.frontend.reference import evaluate_all
+    from neptune_eqsat.plan.autodiff import differentiate
+    from neptune_eqsat.runtime.loader import load_module
+    from neptune_eqsat.spec import load_spec
+    spec = differentiate(load_spec(SPECS / "causal_pf.py")).forward_spec()
+    module = load_module(optimize(spec).source, "causal_pf_training")
+    inputs = random_inputs(spec, {"B": 1, "S": 333}, seed=5)
+    outs = module.forward(*(t.to(DEVICE) for t in inputs.values()))
+    refs = evaluate_all(spec, {n: t.double() for n, t in inputs.items()})
+    for got, want, tol in zip(outs, refs, (tolerance("f16"), 1e-4, 1e-4)):
+        err = (got.cpu().double() - want).abs().max().item() / max(1.0, want.abs().max().item())
+        assert err < tol, err
