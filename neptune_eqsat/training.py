@@ -26,8 +26,9 @@ TORCH = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f6
 
 
 def spec_key(spec: Spec) -> str:
-    text = "|".join([compiler_fingerprint(), spec.name, ir.show(spec.output_term), ",".join(spec.output_axes),
-                     spec.output_dtype or "", *(f"{n}:{t.dtype}:{t.shape}" for n, t in spec.inputs.items()),
+    text = "|".join([compiler_fingerprint(), spec.name, ir.show(spec.root_term), ",".join(spec.output_axes),
+                     spec.output_dtype or "", *(f"{o.name}:{o.dtype}:{','.join(o.axes)}" for o in spec.also),
+                     *(f"{n}:{t.dtype}:{t.shape}" for n, t in spec.inputs.items()),
                      *(f"{a}:{e}" for a, e in spec.axes_.items())])
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 

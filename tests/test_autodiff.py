@@ -286,3 +286,16 @@ def test_optimize_backward_writes_one_standalone_module(tmp_path, source, sizes)
         want = ref[n].grad
         err = (got.double() - want).abs().max().item() / max(1.0, want.abs().max().item())
         assert err < _tolerance(spec), (n, err)
+
+
+def test_a_spec_and_its_training_forward_are_different_modules():
+    """The forward that also writes the saved values has a cache key of its own: sharing the plain forward's
+    once gave one of them the other's module, in whichever order they were first compiled."""
+    from neptune_eqsat.training import forward_outputs, run_spec, spec_key
+    spec = attention_spec()
+    assert spec_key(spec) != spec_key(differentiate(spec).forward_spec())
+    inputs = random_inputs(spec, {"B": 1, "S": 9}, seed=1)
+    plain = run_spec(spec, inputs)
+    out, saved = forward_outputs(spec, inputs)
+    assert torch.equal(out, plain) and [s.shape for s in saved] == [plain.shape[:3]] * 2
+    assert torch.equal(run_spec(spec, inputs), plain)
