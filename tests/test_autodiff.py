@@ -299,3 +299,21 @@ def test_a_spec_and_its_training_forward_are_different_modules():
     out, saved = forward_outputs(spec, inputs)
     assert torch.equal(out, plain) and [s.shape for s in saved] == [plain.shape[:3]] * 2
     assert torch.equal(run_spec(spec, inputs), plain)
+
+
+def test_every_part_keeps_its_kernel_when_parts_join_others():
+    """A part joins a kernel whose outputs hold its axes; a kernel that took in a part keeps it (it once moved
+    only its own first part into a larger kernel, dropping the one it had taken in)."""
+    from neptune_eqsat.frontend.spec import Dim
+    from neptune_eqsat.plan.autodiff import GradPart, _sharing_loops
+    spec = Spec("parts")
+    spec.axes_ = {"b": Dim("B"), "h": 4, "i": Dim("S"), "j": Dim("S"), "d": 16}
+
+    def part(name, axes):
+        sub = Spec(name)
+        sub.output_axes = axes
+        return GradPart(name, sub, (), axes, (), "j")
+    parts = [part("x", ("h", "i")), part("y", ("b", "h", "i")), part("z", ("b", "h", "i", "d"))]
+    groups = _sharing_loops(spec, parts)
+    assert sorted(p.input for g in groups for p in g) == ["x", "y", "z"]
+    assert [[p.input for p in g] for g in groups] == [["y", "x"], ["z"]]

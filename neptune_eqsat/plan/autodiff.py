@@ -193,6 +193,8 @@ def _sharing_loops(spec: Spec, parts: list[GradPart]) -> list[list[GradPart]]:
         groups.setdefault(key, []).append(p)
     out = list(groups.values())
     for g in [g for g in out if len(g) == 1 and g[0].loop is not None]:
+        if len(g) > 1:   # it took in a part itself: it stays a kernel of its own, with all its parts
+            continue
         p = g[0]
         host = next((h for h in out if h is not g and h[0].loop == p.loop
                      and set(p.spec.output_axes) < set(h[0].spec.output_axes)), None)
