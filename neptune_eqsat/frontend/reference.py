@@ -154,12 +154,15 @@ def evaluate(spec: Spec, inputs: dict[str, torch.Tensor], differentiable: bool =
 def evaluate_all(spec: Spec, inputs: dict[str, torch.Tensor], differentiable: bool = False) -> list[torch.Tensor]:
     """Every output of the spec (the first, then spec.also's), as `evaluate` gives the first."""
     ev = Evaluator(spec, inputs, differentiable=differentiable)
-    out = []
-    for term, out_axes in [(spec.output_term, spec.output_axes)] + [(o.term, o.axes) for o in spec.also]:
-        value = ev(term)
-        full = torch.zeros([ev.extent(a) for a in out_axes], dtype=torch.float64)
-        out.append((full + _align(value, out_axes)) if value[1] or out_axes else value[0])
-    return out
+    return [output_value(ev, term, axes)
+            for term, axes in [(spec.output_term, spec.output_axes)] + [(o.term, o.axes) for o in spec.also]]
+
+
+def output_value(ev: Evaluator, term: Term, axes: tuple[str, ...]) -> torch.Tensor:
+    """term's value as an output over `axes`, in their order (broadcast along those it does not vary along)."""
+    value = ev(term)
+    full = torch.zeros([ev.extent(a) for a in axes], dtype=torch.float64)
+    return (full + _align(value, axes)) if value[1] or axes else value[0]
 
 
 def index_roles(spec: Spec, sizes: dict[str, int]) -> dict[str, int]:

@@ -28,7 +28,7 @@ from neptune_eqsat.plan.plan import Plan
 from neptune_eqsat.plan.saturate import Saturation
 from neptune_eqsat.plan.schedule import TILE_LIMIT, Schedule, schedule
 from neptune_eqsat.plan.snapshot import ENode, Snapshot, best_nodes, snapshot, to_term, written
-from neptune_eqsat.plan.validate import disagreement
+from neptune_eqsat.plan.validate import Validation
 from neptune_eqsat.frontend.spec import Spec, SpecError
 
 OP_WORK = {name: op.work for kind in ops.OPS.values() for name, op in kind.items()}
@@ -185,6 +185,7 @@ def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device,
     snap = snapshot(sat.egraph)
     known = Analyses(snap, weight, lambda t, key: set().union(*(i.free for i in sat.mirror.loads[(t, key)])))
     as_written = written(snap, spec.root_term)
+    validation = Validation(spec)
     # several outputs: one kernel writes them all, not split into chunks (a combine step writes one output)
     for family in ("rolled", "unfused") + (() if spec.also else ("split",)):
         best, costs = best_nodes(snap, node_cost(family, long_axes, known), as_written)
@@ -194,7 +195,7 @@ def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device,
         if term in seen:
             continue
         seen.add(term)
-        malformed = _malformed(spec, term) or disagreement(spec, term)
+        malformed = _malformed(spec, term) or validation.disagreement(term)
         if malformed:   # a term that names what the spec lacks, or computes something else, is no plan of it
             sat.rejected.append(f"{family}: {malformed}")
             sat.malformed += 1

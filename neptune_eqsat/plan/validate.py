@@ -15,32 +15,46 @@ from __future__ import annotations
 import torch
 
 from neptune_eqsat.ir import Term
-from neptune_eqsat.frontend.reference import Evaluator, _align, random_inputs
+from neptune_eqsat.frontend.reference import Evaluator, output_value, random_inputs
 from neptune_eqsat.frontend.spec import Spec
 
 SIZES = (5, 7, 6)   # the dims, in turn: small, unequal, not multiples of one another
+CLOSE = {"rtol": 1e-6, "atol": 1e-9, "equal_nan": True}
+
+
+class Validation:
+    """The spec's outputs in float64 at small sizes on random inputs, computed once; each extracted term is
+    compared with them (one evaluator: the terms share most of their sub-terms with the spec's)."""
+
+    def __init__(self, spec: Spec):
+        self.sizes = {d: SIZES[k % len(SIZES)] for k, d in enumerate(sorted(spec.dims_))}
+        self.outputs = [(spec.output_name, spec.output_axes, spec.output_term)] + \
+            [(o.name, o.axes, o.term) for o in spec.also]
+        try:
+            inputs = {n: t.double() for n, t in random_inputs(spec, self.sizes, seed=11).items()}
+            self.ev = Evaluator(spec, inputs, sizes=self.sizes)
+            self.want = [output_value(self.ev, t, axes) for _, axes, t in self.outputs]
+        except Exception:   # an op or size the reference does not evaluate: no verdicts
+            self.ev = None
+
+    def disagreement(self, term: Term) -> str:
+        """Why `term` (the extracted root) is not the spec's value, or "" when they agree or the reference
+        cannot evaluate it."""
+        if self.ev is None:
+            return ""
+        got = term.args if term.op == "pack" else (term,)
+        try:
+            for (name, axes, _), want, have in zip(self.outputs, self.want, got):
+                b = output_value(self.ev, have, axes)
+                if not torch.allclose(want, b, **CLOSE):
+                    at = tuple(int(x) for x in (~torch.isclose(want, b, **CLOSE)).nonzero()[0])
+                    return (f"its {name} differs from the spec's at {dict(zip(axes, at))} ({b[at].item():.6g} "
+                            f"against {want[at].item():.6g}, float64, sizes {self.sizes})")
+        except Exception:
+            return ""
+        return ""
 
 
 def disagreement(spec: Spec, term: Term) -> str:
-    """Why `term` (the extracted root) is not the spec's value at small sizes, or "" when they agree or the
-    reference cannot evaluate one of them."""
-    sizes = {d: SIZES[k % len(SIZES)] for k, d in enumerate(sorted(spec.dims_))}
-    outputs = [(spec.output_name, spec.output_term, spec.output_axes)] + [(o.name, o.term, o.axes) for o in spec.also]
-    got = term.args if term.op == "pack" else (term,)
-    try:
-        inputs = {n: t.double() for n, t in random_inputs(spec, sizes, seed=11).items()}
-        for (name, want, axes), have in zip(outputs, got):
-            values = []
-            for t in (want, have):
-                ev = Evaluator(spec, inputs, sizes=sizes)
-                v = ev(t)
-                values.append(torch.zeros([ev.extent(a) for a in axes], dtype=torch.float64) + _align(v, axes))
-            a, b = values
-            if not torch.allclose(a, b, rtol=1e-6, atol=1e-9, equal_nan=True):
-                bad = ~torch.isclose(a, b, rtol=1e-6, atol=1e-9, equal_nan=True)
-                at = tuple(int(x) for x in bad.nonzero()[0])
-                return (f"its {name} differs from the spec's at {dict(zip(axes, at))} ({b[at].item():.6g} against "
-                        f"{a[at].item():.6g}, float64, sizes {sizes})")
-    except Exception:   # an op or size the reference does not evaluate: no verdict
-        return ""
-    return ""
+    """Validation(spec).disagreement(term), for one term."""
+    return Validation(spec).disagreement(term)
