@@ -11,6 +11,7 @@ the compiler's own source, the spec's terms, its inputs' dtypes and shapes).
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 from types import ModuleType
 
 import torch
@@ -25,8 +26,14 @@ from neptune_eqsat.frontend.spec import Spec, SpecError
 TORCH = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
 
 
+@lru_cache(maxsize=4096)
+def _shown(term: Term) -> str:
+    """ir.show of a term, kept: a key is asked for at every run of a spec (terms are immutable)."""
+    return ir.show(term)
+
+
 def spec_key(spec: Spec) -> str:
-    text = "|".join([compiler_fingerprint(), spec.name, ir.show(spec.root_term), ",".join(spec.output_axes),
+    text = "|".join([compiler_fingerprint(), spec.name, _shown(spec.root_term), ",".join(spec.output_axes),
                      spec.output_dtype or "", *(f"{o.name}:{o.dtype}:{','.join(o.axes)}" for o in spec.also),
                      *(f"{n}:{t.dtype}:{t.shape}" for n, t in spec.inputs.items()),
                      *(f"{a}:{e}" for a, e in spec.axes_.items())])
