@@ -75,6 +75,7 @@ def module_source(spec: Spec, forward_source: str, backward: Backward, sources: 
     lines += [f"INPUTS = {tuple(spec.inputs)!r}",
               f"WRT = {tuple(backward.wrt)!r}",
               f"SAVED = {saved!r}   # the values forward_saved writes beside the output",
+              f"GRADIENT_KERNELS = {tuple(k.spec.name for k in backward.kernels)!r}",
               f"DIMS = {dims!r}   # run-time size -> (input, dimension) it is read from", "", "", HELPERS, "", "",
               "def backward(*inputs, out, grad_out, saved=()):",
               "    t = dict(zip(INPUTS, inputs))",

@@ -144,7 +144,7 @@ def run_train_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     from neptune_eqsat.training import forward_outputs   # the compiler's side: only for gradients
     compiled = _module_for(plan, query, key, value)
     inputs = _named_inputs(query, key, value, captures)
-    compiled.check_indices(query, key, list(inputs.values())[3:])
+    compiled.check_indices(query, key, [inputs[f"capture{k}"] for k in range(len(captures))])
     out, saved = forward_outputs(compiled.spec, inputs)
     return [out, *saved]
 

@@ -274,6 +274,7 @@ def test_optimize_backward_writes_one_standalone_module(tmp_path, source, sizes)
     xs = list(inputs.values())
     y, saved = module.forward_saved(*xs)   # the output and the row values, from one kernel
     assert torch.equal(y, module.forward(*xs)) and len(saved) == len(module.SAVED) > 0
+    assert module.GRADIENT_KERNELS and set(module.GRADIENT_KERNELS) <= set(module._SOURCES)
     g = torch.randn(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     grads = module.backward(*xs, out=y, grad_out=g.to(y.dtype), saved=saved)
     again = module.backward(*xs, out=y, grad_out=g.to(y.dtype))   # the stages compute the row values instead

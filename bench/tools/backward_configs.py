@@ -22,13 +22,6 @@ CANDIDATES = [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3
               (64, 64, 4, 3), (64, 128, 8, 3), (64, 64, 8, 2), (128, 64, 4, 2)]
 
 
-def gradient_kernels(module) -> list[str]:
-    """The module's gradient kernels: the sources that are neither a forward nor a stage of the backward."""
-    stages = {line.split("'")[1] for line in Path(module.__file__).read_text().splitlines()
-              if line.strip().startswith("if '") and "not in t" in line}
-    return [n for n in module._SOURCES if n not in ("forward", "forward_saved") and n not in stages]
-
-
 def configs(module, kernel: str) -> list[dict]:
     cfg = module._module(kernel).CONFIG
     row, loop = (k for k in cfg if k.startswith("BLOCK_"))   # rows first (module.default_blocks)
@@ -55,7 +48,7 @@ def main() -> None:
             out, saved = module.forward_saved(*inputs)
             grad = torch.randn_like(out)
             flops = 2.5 * work(op, 1, S, S)[0]
-            for kernel in gradient_kernels(module):
+            for kernel in module.GRADIENT_KERNELS:
                 for cfg in [None] + configs(module, kernel):
                     def run(name_, t, reads, cfg=cfg, kernel=kernel):
                         if name_ != kernel or cfg is None:
