@@ -138,6 +138,8 @@ def _match(sched: Schedule, name: str) -> WarpSpecialized:
     _check_shape(sched)
     if sched.chunked:
         raise NotEligible(f"the long axes {', '.join(sched.chunked)} are reduced in loops of their own")
+    if sched.accumulated:
+        raise NotEligible("further outputs are accumulated across programs (atomic adds in the loop)")
     w = GluonWriter(sched, name)
     row, loop, col = sched.row, sched.loop, sched.col
     grows = mask_bounds(w, sched.reductions)

@@ -60,6 +60,7 @@ class KernelWriter(Loads, TileReductions):
         self.streamed = False              # did any load take the STREAM switch
         self.f32_dot = False               # does a matrix product take fp32 operands (precision F32_DOT)
         self.one_loop = False              # does a pass split its range into masked and full blocks (ONE_LOOP)
+        self.tma_reduce = False            # does a block add into an output through a descriptor (TMA_REDUCE)
         self.tables: dict[Term, object] = {}   # classified mask predicate -> its BlockTable (blocks.py)
         self.dims = sorted({t.attrs[0] for t in ir.walk(sched.term) if t.op == "dim"} |
                            {e.name for e in self._extents() if not isinstance(e, int)})

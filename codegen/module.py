@@ -110,11 +110,14 @@ TORCH_DTYPE = {"f16": "torch.float16", "bf16": "torch.bfloat16", "f32": "torch.f
 def _switch_defaults(w: KernelWriter, gpu: dict, cpu: dict) -> None:
     """The defaults of a kernel's switches: matrix products of fp32 operands multiply in full fp32 unless the
     config asks for TF32 (F32_DOT); passes split into masked and full blocks unless a first call's quick tier
-    asks for one masked loop (ONE_LOOP)."""
+    asks for one masked loop (ONE_LOOP); outputs accumulated across programs add whole blocks through the copy
+    engine on a GPU (TMA_REDUCE)."""
     if w.f32_dot:
         gpu["F32_DOT"] = cpu["F32_DOT"] = "ieee"
     if w.one_loop:
         gpu["ONE_LOOP"] = cpu["ONE_LOOP"] = 0
+    if w.tma_reduce:   # the copy engine's reduce where descriptors are built; Triton's interpreter has none
+        gpu["TMA_REDUCE"], cpu["TMA_REDUCE"] = 1, 0
 
 
 def _length_params(w: KernelWriter, params: list[str]) -> list[str]:
@@ -220,7 +223,7 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
     bucket; a bucket not measured on the GPU of a call takes the config measured on `tuned_for`."""
     sched, spec, plan_text = plan.schedule, plan.spec, plan.text()
     inputs = list(spec.inputs)
-    out_alloc, result = _output_lines(spec)
+    out_alloc, result = _output_lines(spec, sched.accumulated)
     gpu, cpu = default_blocks(sched)
     helpers = gluon_imports = split_entry_src = ""
     if sched.split:
@@ -308,14 +311,16 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
     )
 
 
-def _output_lines(spec) -> tuple[str, str]:
+def _output_lines(spec, accumulated: tuple[int, ...] = ()) -> tuple[str, str]:
     """The launcher's allocation of every output (one string, for its place in the launch lines), and what
-    forward returns: the output, or a tuple of them in the spec's order."""
+    forward returns: the output, or a tuple of them in the spec's order. Outputs the programs add their
+    shares to (Schedule.accumulated) start at zero."""
     lines = []
-    for stem, axes, dtype, _ in outputs(spec):
+    for k, (stem, axes, dtype, _) in enumerate(outputs(spec)):
         shape = spec.output_shape if stem == "out" and spec.output_shape else [spec.extent(a) for a in axes]
         dims = ", ".join(str(e) if isinstance(e, int) else e.name for e in shape)
-        lines.append(f"    {stem} = _empty(rec, ({dims}{',' if len(shape) == 1 else ''}), {TORCH_DTYPE[dtype]}, device)")
+        alloc = "_zeros" if k - 1 in accumulated else "_empty"
+        lines.append(f"    {stem} = {alloc}(rec, ({dims}{',' if len(shape) == 1 else ''}), {TORCH_DTYPE[dtype]}, device)")
     stems = [stem for stem, _, _, _ in outputs(spec)]
     return "\n".join(lines), (stems[0] if len(stems) == 1 else f"({', '.join(stems)})")
 

@@ -34,7 +34,7 @@ class TileReductions:
         a, b, x, y = self.contraction(body, k)
         va, vb = self.ordered(a, (x, k), prev), self.ordered(b, (k, y), prev)
         if zero_invalid:
-            va = Val(self.put(self.ctx.body, f"{self.lang}.where(valid_{k}[None, :], {va.code}, 0.0)"), va.axes,
+            va = Val(self.put(blk or self.ctx.body, f"{self.lang}.where(valid_{k}[None, :], {va.code}, 0.0)"), va.axes,
                      va.dtype)
         va, vb = self.rounded_product(a, va, vb, blk), self.rounded_product(b, vb, va, blk)
         if va.dtype != vb.dtype or va.dtype not in ("f16", "bf16"):
@@ -91,7 +91,9 @@ class TileReductions:
         reducer, k = t.attrs[:2]
         body = t.args[0]
         if reducer == "sum" and self.contraction(body, k):
-            va, vb, x, y, prec = self.dot_operands(body, k, prev, zero_invalid=False, blk=blk)
+            # a sum over the programs' rows (an output accumulated across programs): the rows past the end
+            # may hold anything, and a product with a zero read there would still carry a NaN
+            va, vb, x, y, prec = self.dot_operands(body, k, prev, zero_invalid=k == self.row, blk=blk)
             v = Val(self.put(blk, f"{self.lang}.dot({va.code}, {vb.code}{prec})"), (x, y), "f32")
             return self.reorder(v, blk)
         x = self.along(self.as_float(self.emit(body, prev)), k, blk)

@@ -7,6 +7,7 @@ import textwrap
 from dataclasses import dataclass
 
 from neptune_eqsat import ir
+from neptune_eqsat.frontend.spec import SpecError
 from neptune_eqsat.plan.schedule import Schedule
 
 from . import blocks
@@ -148,6 +149,8 @@ def triton_kernel(sched: Schedule, name: str, partials: list | None = None, *, c
             head_lines = len(w.blocks[blk])
             for r in reds:
                 w.update(r)
+            if p == sched.passes - 1:
+                _accumulate(w, sched, done)
             used = " ".join(w.blocks[blk])
             prevs = [f"{w.state[r].code}_prev = {w.state[r].code}" for r in reds if f"{w.state[r].code}_prev" in used]
             w.blocks[blk][head_lines:head_lines] = prevs   # the states as they were when the block began
@@ -193,6 +196,7 @@ def triton_kernel(sched: Schedule, name: str, partials: list | None = None, *, c
     w.constexprs += ["F32_DOT"] if w.f32_dot else []
     w.constexprs += [f"EVEN_{loop.upper()}"] if even_used else []
     w.constexprs += ["ONE_LOOP"] if w.one_loop else []
+    w.constexprs += ["TMA_REDUCE"] if w.tma_reduce else []
     if combine is not None:
         params += [p for p in combine.params if p not in params] + ["tickets_ptr"]
         w.constexprs += [f"COMBINE_{c}" for c in combine.constexprs] + ["COMBINE_IN_KERNEL"]
@@ -223,6 +227,44 @@ def _combine_in_kernel(w: KernelWriter, cw: KernelWriter) -> list[str]:
             f"        for part in tl.static_range({sub}):"] + ["            " + x for x in call]
 
 
+def _accumulate(w: KernelWriter, sched: Schedule, done: set) -> None:
+    """In the last pass's loop body: each output accumulated across programs (Schedule.accumulated) gets this
+    program's share for the block, added atomically into its fp32 buffer (which the launcher zeroes)."""
+    terms = sched.term.args[1:] if sched.term.op == "pack" else ()
+    for k in sched.accumulated:
+        o, t = sched.spec.also[k], terms[k]
+        unfinished = [r for r in w.loop_refs(t) if r not in done]
+        if unfinished:
+            raise SpecError(f"spec {sched.spec.name}: output {o.name} reads {ir.show(unfinished[0])[:80]}, which is "
+                            f"not finished before the last pass over {sched.loop}")
+        if o.dtype != "f32":
+            raise SpecError(f"spec {sched.spec.name}: output {o.name} is accumulated across programs in fp32, "
+                            f"not {o.dtype}")
+        stem = f"out{k + 1}"
+        axes = w.canon(set(o.axes))
+        v = w.emit(t)
+        value = w.expand(w.as_float(v), axes)
+        if set(v.axes) != set(axes):
+            value = f"({value} + tl.zeros([{', '.join(w.block(a) for a in axes)}], tl.float32))"
+        ptr = " + ".join([f"{stem}_ptr"] + [f"{w.expand(w.emit(ir.axis(a)), axes)} * {stem}_s{n}"
+                                            for n, a in enumerate(o.axes)])
+        checks = [w.expand(Val(f"valid_{a}", (a,), "bool"), axes) for a in axes
+                  if w.padded(a) and (a != sched.loop or w.ctx.masked)]   # full blocks: every lane is valid
+        mask = f", mask={' & '.join(checks)}" if checks else ""
+        add = f"tl.atomic_add({ptr}, {value}{mask}, sem='relaxed')"
+        found = w.descriptor_block(stem, tuple(ir.axis(a) for a in o.axes), axes, transposable=False) if w.tma else None
+        if found is None:
+            w.blocks[w.ctx.body].append(add)
+            continue
+        # one bulk reduce of the block into global memory (the part past the tensor's end left alone), rather
+        # than an atomic per element
+        w.tma_reduce = True
+        param, coords, blocks, _ = found
+        w.blocks[w.ctx.body] += ["if USE_TMA and TMA_REDUCE:",
+                                 f"    {param}.atomic_add([{', '.join(coords)}], {value}.reshape({', '.join(blocks)}))",
+                                 "else:", f"    {add}"]
+
+
 def _store_partials(w: KernelWriter, partials: list) -> list[str]:
     lines = []
     for p in partials:
@@ -250,8 +292,9 @@ def _store_output(w: KernelWriter, sched: Schedule, done: set) -> list[str]:
         w.blocks["write"] += [f"offs_{loop} = start + tl.arange(0, {w.block(loop)})",
                               f"valid_{loop} = offs_{loop} < {w.ext(loop)}"]
     terms = sched.term.args if sched.term.op == "pack" else (sched.term,)
-    for term, (stem, axes, dtype, index) in zip(terms, outputs(spec)):
-        _store(w, sched, term, stem, axes, dtype, index)
+    for k, (term, (stem, axes, dtype, index)) in enumerate(zip(terms, outputs(spec))):
+        if k - 1 not in sched.accumulated:   # those are added to in the loop (_accumulate)
+            _store(w, sched, term, stem, axes, dtype, index)
     if sched.writes_loop:
         body += ["# write the output block by block"] + w.blocks["pre_out"]
         body += [f"for start in range(0, {w.ext(loop)}, {w.block(loop)}):"] + ["    " + x for x in w.blocks["write"]]

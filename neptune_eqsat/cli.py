@@ -101,9 +101,12 @@ def main() -> None:
                                            "of the best, e.g. to time it with tune.")
 @click.option("--backward", is_flag=True, help="Also derive the backward pass and emit its kernels in the same "
                                                "module, with backward(*inputs, out=, grad_out=).")
+@click.option("--atomic", is_flag=True, help="With --backward: a kernel whose loop runs over another's rows adds "
+                                             "its gradients into that kernel's atomically (dQ beside dK and dV; "
+                                             "not deterministic).")
 def optimize(spec_file: str, output: str | None, explain: bool, shape: str | None, max_nodes: int,
              max_seconds: float, dtype: str | None, device_text: str | None, plan: str | None,
-             backward: bool) -> None:
+             backward: bool, atomic: bool) -> None:
     """Optimize SPEC_FILE and write the fused kernel module."""
     from neptune_eqsat.compiler import PlanError, optimize as run
     from neptune_eqsat.plan.saturate import Limits
@@ -118,7 +121,7 @@ def optimize(spec_file: str, output: str | None, explain: bool, shape: str | Non
     if explain:
         click.echo(result.explain())
     if backward:
-        result.source = _with_backward(result, sizes, Limits(max_nodes, max_seconds), explain)
+        result.source = _with_backward(result, sizes, Limits(max_nodes, max_seconds), explain, atomic)
     if output:
         _write(output, result.source)
         click.echo(f"wrote {output} ({result.summary()})")
@@ -126,14 +129,14 @@ def optimize(spec_file: str, output: str | None, explain: bool, shape: str | Non
         click.echo(result.source)
 
 
-def _with_backward(result, sizes: dict[str, int], limits, explain: bool) -> str:
+def _with_backward(result, sizes: dict[str, int], limits, explain: bool, atomic: bool) -> str:
     """The forward module's source with the derived backward's kernels beside it (codegen/backward_module.py)."""
     from neptune_eqsat.plan.autodiff import differentiate
     from neptune_eqsat.codegen.backward_module import module_source
     from neptune_eqsat.compiler import optimize as run
 
     try:
-        bw = differentiate(result.spec)
+        bw = differentiate(result.spec, accumulate=atomic)
         sources = {}
         for key, sub in [(s.name, s.spec) for s in bw.stages] + [(k.spec.name, k.spec) for k in bw.kernels]:
             sub_sizes = {n: v for n, v in sizes.items() if n in sub.dims_}

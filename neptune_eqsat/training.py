@@ -58,9 +58,9 @@ def run_spec(spec: Spec, tensors: dict[str, torch.Tensor]):
 class CompiledBackward:
     """The backward of one spec: `grads(inputs, out, grad_out)` gives the gradient of every input in `wrt`."""
 
-    def __init__(self, spec: Spec, wrt: tuple[str, ...] | None = None):
+    def __init__(self, spec: Spec, wrt: tuple[str, ...] | None = None, accumulate: bool = False):
         self.spec = spec
-        self.plan: Backward = differentiate(spec, wrt)
+        self.plan: Backward = differentiate(spec, wrt, accumulate)
 
     def saved_values(self, saved: dict[Term, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The backward's saved stages among the forward's further outputs (keyed by their terms)."""
@@ -189,13 +189,14 @@ class Differentiable:
     """A spec as a differentiable torch function: `fn(*inputs)` in the spec's input order runs the forward
     kernel; gradients flow to every floating input that requires them, through the derived backward kernels."""
 
-    def __init__(self, spec: Spec):
+    def __init__(self, spec: Spec, deterministic: bool = True):
         self.spec = spec
+        self.deterministic = deterministic   # else gradients may be summed by atomic adds (autodiff._accumulated)
         self._backwards: dict[tuple[str, ...], CompiledBackward] = {}
 
     def backward_for(self, wrt: tuple[str, ...]) -> CompiledBackward:
         if wrt not in self._backwards:
-            self._backwards[wrt] = CompiledBackward(self.spec, wrt)
+            self._backwards[wrt] = CompiledBackward(self.spec, wrt, accumulate=not self.deterministic)
         return self._backwards[wrt]
 
     def __call__(self, *xs: torch.Tensor) -> torch.Tensor:

@@ -92,13 +92,14 @@ def _tolerance(spec: Spec) -> float:
     return 4 * max(tolerance(t.dtype) for t in spec.inputs.values() if t.dtype in DT)
 
 
-def _check_gradients(spec: Spec, sizes: dict, dtype: str | None = None, seed: int = 0) -> dict[str, float]:
+def _check_gradients(spec: Spec, sizes: dict, dtype: str | None = None, seed: int = 0,
+                     deterministic: bool = True) -> dict[str, float]:
     if dtype:
         spec = spec.retyped(dtype)
     inputs = random_inputs(spec, {**spec.typical, **sizes}, seed=seed)
     xs = [t.clone().requires_grad_(t.is_floating_point() and n in differentiate(spec).wrt)
           for n, t in inputs.items()]
-    out = Differentiable(spec)(*xs)
+    out = Differentiable(spec, deterministic)(*xs)
     g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
     out.backward(g.to(out.dtype))
     ref_in = {n: t.detach().clone().requires_grad_(x.requires_grad) for (n, t), x in zip(inputs.items(), xs)}
@@ -186,6 +187,25 @@ def test_a_slopes_gradient_is_an_output_of_the_kernel_that_loops_over_its_keys()
     assert sorted(sorted(p.input for p in k.parts) for k in bw.kernels) == [["k", "v"], ["q", "slope"]]
     both = next(k for k in bw.kernels if "slope" in {p.input for p in k.parts})
     assert both.parts[0].input == "q" and set(both.spec.also[0].axes) == {"h", "b", "i"}
+
+
+def test_atomic_backward_adds_dq_in_the_kernel_of_dk_and_dv():
+    """With accumulate, dQ (a loop over the keys, rows over the queries) becomes a further output of the dK and
+    dV kernel (a loop over the queries, rows over the keys), added to in fp32 by each key block's program; the
+    slope's gradient, which joined dQ's kernel, comes along."""
+    bw = differentiate(attention_spec(slope=True), accumulate=True)
+    assert len(bw.kernels) == 1
+    kernel = bw.kernels[0]
+    assert [p.input for p in kernel.parts] == ["v", "k", "q", "slope"]
+    assert [o.dtype for o in kernel.spec.also[1:]] == ["f32", "f32"]
+
+
+@pytest.mark.parametrize("options,sizes", [
+    ({"kv_heads": 2, "heads": 4, "slope": True, "empty_row": 5}, {"S": 21, "B": 2}),
+    pytest.param({"softcap": 20.0, "causal": False}, {"S": 19}, marks=pytest.mark.slow),
+])
+def test_attention_gradients_added_atomically(options, sizes):
+    _check_gradients(attention_spec(**options), sizes, deterministic=False)
 
 
 @pytest.mark.parametrize("options,sizes", [

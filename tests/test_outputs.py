@@ -103,3 +103,40 @@ def test_output_names_are_unique():
     spec.output("y", "f32", x[r], r)
     with pytest.raises(SpecError, match="output y: the name is taken"):
         spec.output("y", "f32", x[r] * 2, r)
+
+
+def two_marginals(dtype: str, matrix: bool) -> Spec:
+    """A[i, j] contracted both ways: y over the columns j (summing the rows i, the loop) and z over the rows i,
+    which runs along that loop and sums over the columns the programs divide: each program adds its share."""
+    spec = Spec(f"marginals_{dtype}_{matrix}")
+    N, M = spec.dims(N=512, M=512)
+    i, j, d = spec.axes(i=N, j=M, d=16)
+    a = spec.input("a", dtype, N, M)
+    if matrix:   # matrix products on both sides (dK beside dQ)
+        x, w = spec.input("x", dtype, N, 16), spec.input("w", dtype, M, 16)
+        spec.output("y", dtype, sum(i, a[i, j] * x[i, d]), j, d)
+        spec.output("z", "f32", sum(j, a[i, j] * w[j, d]) * 0.5, i, d)
+    else:
+        x, w = spec.input("x", dtype, N), spec.input("w", dtype, M)
+        spec.output("y", dtype, sum(i, a[i, j] * x[i]), j)
+        spec.output("z", "f32", sum(j, a[i, j] * w[j]) - sum(j, a[i, j]), i)
+    return spec
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "f32"])
+@pytest.mark.parametrize("matrix", [False, True])
+def test_an_output_along_the_loop_is_accumulated_across_programs(dtype, matrix):
+    spec = two_marginals(dtype, matrix)
+    assert optimize(spec).chosen.sched.accumulated == (0,)
+    _check(spec, {"N": 45, "M": 83})   # several programs' shares, rows and columns past the blocks' ends
+
+
+def test_an_output_along_the_loop_that_is_not_a_sum_of_shares_is_refused():
+    spec = Spec("not_shares")
+    N, M = spec.dims(N=512, M=512)
+    i, j = spec.axes(i=N, j=M)
+    a = spec.input("a", "f32", N, M)
+    spec.output("y", "f32", sum(i, a[i, j]), j)
+    spec.output("z", "f32", 1 / sum(j, a[i, j]), i)   # the reciprocal of the whole row's sum, not of a share
+    with pytest.raises(SpecError, match="must be linear in sums over j"):
+        optimize(spec)

@@ -27,18 +27,24 @@ from bench.suite.attention import D, OPS, Case, alibi_slopes, attention_math, fl
 
 PREFILL = [name for name, op in OPS.items() if op.mode == "prefill"]
 GENERATED = common.GENERATED / "backward"
-SYSTEMS = ("neptune", "flex", "sdpa_cudnn", "sdpa_flash", "inductor")
+SYSTEMS = ("neptune", "neptune_atomic", "flex", "sdpa_cudnn", "sdpa_flash", "inductor")
 TOL = {"fp16": 3e-2, "bf16": 1e-1}
 
 
-def generate(dtype: str) -> None:
+def module_path(name: str, dtype: str, system: str = "neptune") -> Path:
+    """The generated module of an op: neptune's default backward, or neptune_atomic's (--atomic)."""
+    return GENERATED / f"{name}_{dtype}{'_atomic' if system == 'neptune_atomic' else ''}.py"
+
+
+def generate(dtype: str, ops: list[str]) -> None:
     GENERATED.mkdir(parents=True, exist_ok=True)
-    for name in PREFILL:
-        out = GENERATED / f"{name}_{dtype}.py"
-        cmd = ["neptune-eqsat", "optimize", str(common.SPECS / f"{name}.py"), "--backward", "-o", str(out)]
-        if dtype == "bf16":
-            cmd += ["--dtype", "bf16"]
-        subprocess.run(cmd, check=True)
+    for name in ops:
+        for system in ("neptune", "neptune_atomic"):
+            out = module_path(name, dtype, system)
+            cmd = ["neptune-eqsat", "optimize", str(common.SPECS / f"{name}.py"), "--backward", "-o", str(out)]
+            cmd += ["--dtype", "bf16"] if dtype == "bf16" else []
+            cmd += ["--atomic"] if system == "neptune_atomic" else []
+            subprocess.run(cmd, check=True)
 
 
 def grads_of(fn, inputs, grad):
@@ -50,7 +56,7 @@ def grads_of(fn, inputs, grad):
 def system_call(name, op, module, q, k, v, slopes, grad):
     import torch.nn.functional as F
     gqa = op.hq != op.hkv
-    if name == "neptune":
+    if name.startswith("neptune"):
         args = (q, k, v, slopes) if op.mod == "alibi" else (q, k, v)
         plain = [t.detach() for t in args]
         out, saved = module.forward_saved(*plain)   # as a training step's forward: the row values too
@@ -111,7 +117,8 @@ def run(args) -> list[dict]:
     rows = []
     for name in args.ops.split(","):
         op = OPS[name]
-        module = load_module(GENERATED / f"{name}_{args.dtype}.py")
+        ours = {system: load_module(module_path(name, args.dtype, system)) for system in args.systems.split(",")
+                if system.startswith("neptune")}
         for S in (int(s) for s in args.seqs.split(",")):
             g = torch.Generator(device="cuda").manual_seed(0)
             q, k, v = (torch.randn(1, h, S, D, device="cuda", dtype=dt, generator=g).requires_grad_()
@@ -119,8 +126,9 @@ def run(args) -> list[dict]:
             slopes = alibi_slopes(op.hq, "cuda")
             grad = torch.randn(1, op.hq, S, D, device="cuda", dtype=dt, generator=g)
             flops = 2.5 * work(op, 1, S, S)[0]
-            err = check(op, module, q, k, v, slopes, grad, args.dtype)
+            errors = {system: check(op, module, q, k, v, slopes, grad, args.dtype) for system, module in ours.items()}
             for system in args.systems.split(","):
+                module = ours.get(system)
                 row = {"op": name, "S": S, "dtype": args.dtype, "system": system}
                 try:
                     call = system_call(system, op, module, q, k, v, slopes, grad)
@@ -128,8 +136,9 @@ def run(args) -> list[dict]:
                         continue
                     ms = triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
                     row.update(ms=ms, tflops=flops / ms / 1e9)
+                    if module is not None:
+                        row["max_rel_error"] = errors[system]
                     if system == "neptune":
-                        row["max_rel_error"] = err
                         # what a training step's forward costs: the output alone, and with the saved values
                         plain = [t.detach() for t in ((q, k, v, slopes) if op.mod == "alibi" else (q, k, v))]
                         row["forward_ms"] = triton.testing.do_bench(lambda: module.forward(*plain), warmup=20,
@@ -150,7 +159,7 @@ def breakdown(args) -> None:
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     for name in args.ops.split(","):
         op = OPS[name]
-        module = load_module(GENERATED / f"{name}_{args.dtype}.py")
+        module = load_module(module_path(name, args.dtype))
         S = int(args.seqs.split(",")[0])
         q, k, v = (torch.randn(1, h, S, D, device="cuda", dtype=dt) for h in (op.hq, op.hkv, op.hkv))
         args_ = (q, k, v, alibi_slopes(op.hq, "cuda")) if op.mod == "alibi" else (q, k, v)
@@ -181,14 +190,16 @@ def breakdown(args) -> None:
 def table(rows: list[dict]) -> str:
     shapes = sorted({(r["op"], r["S"]) for r in rows}, key=lambda x: (PREFILL.index(x[0]), x[1]))
     systems = [s for s in SYSTEMS if any(r["system"] == s for r in rows)]
-    lines = ["| op | S | " + " | ".join(systems) + " | neptune / flex |", "|---|---|" + "---|" * (len(systems) + 1)]
+    ours = [s for s in systems if s.startswith("neptune")]
+    lines = ["| op | S | " + " | ".join(systems) + "".join(f" | {s} / flex" for s in ours) + " |",
+             "|---|---|" + "---|" * (len(systems) + len(ours))]
     for op, S in shapes:
         got = {r["system"]: r for r in rows if (r["op"], r["S"]) == (op, S)}
         cells = [f"{got[s]['tflops']:.0f}" if "tflops" in got.get(s, {}) else ("fail" if s in got else "-")
                  for s in systems]
-        ratio = (got["neptune"]["tflops"] / got["flex"]["tflops"]
-                 if "tflops" in got.get("neptune", {}) and "tflops" in got.get("flex", {}) else math.nan)
-        lines.append(f"| {op} | {S} | " + " | ".join(cells) + f" | {ratio:.2f} |")
+        ratios = [got[s]["tflops"] / got["flex"]["tflops"] if "tflops" in got.get(s, {}) and
+                  "tflops" in got.get("flex", {}) else math.nan for s in ours]
+        lines.append(f"| {op} | {S} | " + " | ".join(cells + [f"{r:.2f}" for r in ratios]) + " |")
     return "\n".join(lines)
 
 
@@ -203,7 +214,7 @@ def main() -> None:
     p.add_argument("--out", default=None, help="default $OUT, else bench/results/<gpu>/<date>-backward")
     args = p.parse_args()
     if args.generate:
-        generate(args.dtype)
+        generate(args.dtype, args.ops.split(","))
         return
     if args.breakdown:
         breakdown(args)

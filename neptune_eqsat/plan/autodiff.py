@@ -125,8 +125,12 @@ class Backward:
         return lines
 
 
-def differentiate(spec: Spec, wrt: tuple[str, ...] | None = None) -> Backward:
-    """The backward pass of `spec` with respect to the inputs `wrt` (default: every floating input)."""
+def differentiate(spec: Spec, wrt: tuple[str, ...] | None = None, accumulate: bool = False) -> Backward:
+    """The backward pass of `spec` with respect to the inputs `wrt` (default: every floating input). With
+    `accumulate`, a kernel whose loop runs over another kernel's rows and whose rows are that kernel's loop (dQ
+    beside dK and dV) becomes further outputs of the other, each program adding its share atomically: the
+    values both recompute (the probabilities, dS) are computed once, and the sums come out in an order that
+    varies from run to run (not deterministic)."""
     spec.validate()
     out_axes = spec.output_axes
     as_value = _read_as_value(spec.output_term)
@@ -162,7 +166,10 @@ def differentiate(spec: Spec, wrt: tuple[str, ...] | None = None) -> Backward:
             bw.parts.append(_grad_part(spec, load, a, extra, len(bw.parts), reduced))
     bw.parts = [_in_input_dtype(spec, p) if [q.input for q in bw.parts].count(p.input) == 1 else p
                 for p in bw.parts]
-    bw.kernels = [_one_kernel(spec, group, k) for k, group in enumerate(_sharing_loops(spec, bw.parts))]
+    groups = _sharing_loops(spec, bw.parts)
+    if accumulate:
+        groups = _accumulated(spec, groups)
+    bw.kernels = [_one_kernel(spec, group, k) for k, group in enumerate(groups)]
     bw.saved = {name: t for name, t in stager.saved.items()
                 if {x.attrs[0] for x in ir.walk(t) if x.op == "load"} <= set(spec.inputs)}
     return bw
@@ -202,6 +209,30 @@ def _sharing_loops(spec: Spec, parts: list[GradPart]) -> list[list[GradPart]]:
             host.append(p)
             out.remove(g)
     return out
+
+
+def _accumulated(spec: Spec, groups: list[list[GradPart]]) -> list[list[GradPart]]:
+    """Groups whose loop runs along another group's long output axis, and whose own long output axis is that
+    group's loop, joined to it as outputs it accumulates (written in fp32): the dQ kernel's parts into the dK
+    and dV kernel's, when the two loops cover the same pairs (i, j) and the outputs meet only there."""
+    out = [list(g) for g in groups]
+    hosts: list[list[GradPart]] = []
+    for g in sorted(out, key=len):   # the group with fewer outputs is the one added atomically
+        if any(g is h for h in hosts):
+            continue
+        host = next((h for h in out if h is not g and h[0].loop not in (None, g[0].loop)
+                     and _accumulable(spec, g, h)), None)
+        if host is not None:
+            host += [replace(p, spec=replace(p.spec, output_dtype="f32")) for p in g]
+            hosts.append(host)
+            out = [h for h in out if h is not g]
+    return out
+
+
+def _accumulable(spec: Spec, group: list[GradPart], host: list[GradPart]) -> bool:
+    host_axes, loop = {a for p in host for a in p.spec.output_axes}, host[0].loop
+    return all(p.loop is not None and p.loop in host_axes and loop in p.spec.output_axes and _is_long(spec, p.loop)
+               and set(p.spec.output_axes) - {loop} <= host_axes for p in group) and not host[0].host_sum
 
 
 def _one_kernel(spec: Spec, group: list[GradPart], k: int) -> GradKernel:

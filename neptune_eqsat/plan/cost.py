@@ -24,6 +24,9 @@ from neptune_eqsat.runtime.configs import split_count
 
 DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
 TRANSCENDENTAL = set(ops.named("un", transcendental=True))
+# an fp32 atomic add into global memory, priced as this many bytes moved per byte added (read, add, write
+# back in L2)
+ATOMIC_WEIGHT = 2
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,7 @@ def plan_cost(sched: Schedule, sizes: dict[str, int], device: Device | None = No
         for r in sched.reductions:
             tot["bytes"] += 2 * 4 * chunks * programs * elems_out(r)
     rows_programs, programs, iters = programs, programs * chunks, math.ceil(iters / chunks)
+    charged: set[Term] = set()
     for p in range(sched.passes):
         per_block: list[Term] = []
         for r in sched.in_pass(p):
@@ -202,6 +206,11 @@ def plan_cost(sched: Schedule, sizes: dict[str, int], device: Device | None = No
                             per_block.append(t)
             per_block.append(r)
         charge(per_block, iters * programs)
+        charged |= set(per_block)
+    accumulated = [sched.term.args[k + 1] for k in sched.accumulated]
+    for t in accumulated:   # computed at every block (what the passes share, once), added atomically in fp32
+        charge([x for x in dict.fromkeys(ir.walk(t)) if sched.loop in x.free and x not in charged], iters * programs)
+        tot["bytes"] += ATOMIC_WEIGHT * 4 * iters * programs * elems(t)
     out_values = [t for t in ir.walk(sched.term) if not (ir.is_reduction(t) and t.attrs[1] == sched.loop)
                   and not any(x.op == "acc" for x in ir.walk(t))]
     if sched.writes_loop:
@@ -210,7 +219,8 @@ def plan_cost(sched: Schedule, sizes: dict[str, int], device: Device | None = No
         charge([t for t in out_values if not t.free & {sched.loop}], rows_programs)
     out_elems = math.prod(ext(a) for a in spec.output_axes)
     tot["bytes"] += out_elems * DTYPE_BYTES[spec.output_dtype]
-    tot["bytes"] += sum(math.prod(ext(a) for a in o.axes) * DTYPE_BYTES[o.dtype] for o in spec.also)
+    tot["bytes"] += sum(math.prod(ext(a) for a in o.axes) * DTYPE_BYTES[o.dtype] for k, o in enumerate(spec.also)
+                        if k not in sched.accumulated)
     compute = tot["mma"] / device.matrix_flops + tot["vec"] / device.vector_ops + tot["sfu"] / device.special_ops
     memory = tot["bytes"] / device.bandwidth
     waves = math.ceil(programs / device.sms)

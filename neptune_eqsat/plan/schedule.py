@@ -29,6 +29,8 @@ class Schedule:
     pass_of: dict[Term, int] = field(default_factory=dict)
     writes_loop: bool = False        # the output varies along the loop axis: written in a last pass
     chunked: tuple[str, ...] = ()    # long axes of in-tile sums, each reduced in a loop of blocks of its own
+    accumulated: tuple[int, ...] = ()   # further outputs (positions in spec.also) that run along the loop axis,
+    # each program adding its rows' share to them at every block (`_check_accumulated`)
 
     @property
     def split(self) -> bool:
@@ -124,9 +126,18 @@ def _loop_axis(spec: Spec, reds: list[Term]) -> tuple[str | None, tuple[str, ...
     return loops[0], tuple(a for a in long_axes if a != loops[0])
 
 
-def _further_axes(spec: Spec, loop: str | None) -> set[str]:
-    """Axes of further outputs that the first output lacks: held whole in a tile (dV's e beside dK's d)."""
-    extra = {a for o in spec.also for a in o.axes if a not in spec.output_axes}
+def _running_along(spec: Spec) -> tuple[int, ...]:
+    """Further outputs that run along a long axis the first output lacks (dQ over the queries beside dK over
+    the keys): candidates for accumulation across programs, along the loop axis."""
+    return tuple(k for k, o in enumerate(spec.also)
+                 if any(a not in spec.output_axes and is_large(spec.extent(a)) for a in o.axes))
+
+
+def _further_axes(spec: Spec, loop: str | None, accumulated: tuple[int, ...]) -> set[str]:
+    """Axes of further outputs that the first output lacks: held whole in a tile (dV's e beside dK's d), or
+    the loop axis of an output accumulated along it."""
+    extra = {a for k, o in enumerate(spec.also) for a in o.axes if a not in spec.output_axes
+             and not (k in accumulated and a == loop)}
     for a in sorted(extra):
         if a == loop or is_large(spec.extent(a)):
             o = next(o for o in spec.also if a in o.axes)
@@ -138,14 +149,61 @@ def _further_axes(spec: Spec, loop: str | None) -> set[str]:
 
 def _check_further_outputs(sched: Schedule) -> None:
     """Each program writes its tile of every output, so a further output may reduce over the loop axis or
-    in-tile axes, never over an axis the programs divide among themselves (the rows, the grid)."""
+    in-tile axes, never over an axis the programs divide among themselves (the rows, the grid); one that is
+    accumulated across programs is checked by `_check_accumulated`."""
     if sched.term.op != "pack":
         return
-    for o, t in zip(sched.spec.also, sched.term.args[1:]):
+    for k, (o, t) in enumerate(zip(sched.spec.also, sched.term.args[1:])):
+        if k in sched.accumulated:
+            _check_accumulated(sched, o, t)
+            continue
         across = sorted({x.attrs[1] for x in ir.walk(t) if ir.is_reduction(x)} & ({sched.row} | set(sched.grid)))
         if across:
             raise SpecError(f"spec {sched.spec.name}: output {o.name} reduces over {', '.join(across)}, which the "
                             f"kernel of {sched.spec.output_name} divides among its programs")
+
+
+def _check_accumulated(sched: Schedule, o, t: Term) -> None:
+    """An output along the loop axis that each program adds its share to at every block: it must reduce over
+    the programs' rows in sums it is linear in (dQ = sum_j dS K: the share of a block of keys j), over no grid
+    axis, and run along no long axis but the loop's."""
+    spec, row, loop = sched.spec, sched.row, sched.loop
+    name = f"spec {spec.name}: output {o.name}"
+    if loop is None or sched.writes_loop or row is None or loop not in o.axes:
+        raise SpecError(f"{name} runs along {', '.join(a for a in o.axes if a not in spec.output_axes)}, which the "
+                        f"kernel of {spec.output_name} neither loops over nor holds whole in a tile")
+    others = [a for a in o.axes if a not in spec.output_axes and a != loop and is_large(spec.extent(a))]
+    across = {x.attrs[1] for x in ir.walk(t) if ir.is_reduction(x)} & set(sched.grid)
+    if others or across:
+        raise SpecError(f"{name} runs along or reduces over {', '.join(sorted(set(others) | across))}, which "
+                        f"one kernel of {spec.output_name} cannot accumulate")
+    if linear_in_sums(t, row) != "linear":
+        raise SpecError(f"{name} runs along {loop}, which the kernel of {spec.output_name} loops over: written at "
+                        f"every block, each program adding its share, it must be linear in sums over {row} (the "
+                        f"rows the programs divide), with nothing added outside them")
+
+
+def linear_in_sums(t: Term, ax: str) -> str | None:
+    """"linear" where t is a linear combination of sums over `ax` (coefficients free of reductions over ax, no
+    term without such a sum), "free" where t reduces over ax nowhere, else None: the forms whose value over
+    all of ax is the sum of their values over the parts of ax."""
+    if not any(ir.is_reduction(x) and x.attrs[1] == ax for x in ir.walk(t)):
+        return "free"
+    if t.op == "red" and t.attrs[:2] == ("sum", ax):
+        return "linear" if linear_in_sums(t.args[0], ax) == "free" else None
+    if t.op == "un" and t.attrs[0] == "neg":
+        return linear_in_sums(t.args[0], ax)
+    if t.op == "cast" and t.attrs[0] in ("f32", "f64"):
+        return linear_in_sums(t.args[0], ax)
+    if t.op == "bin" and t.attrs[0] in ("add", "sub", "mul", "div"):
+        kinds = [linear_in_sums(a, ax) for a in t.args]
+        if t.attrs[0] in ("add", "sub"):
+            return "linear" if kinds == ["linear", "linear"] else None
+        if t.attrs[0] == "mul" and sorted(kinds, key=str) == ["free", "linear"]:
+            return "linear"
+        if t.attrs[0] == "div" and kinds == ["linear", "free"]:
+            return "linear"
+    return None
 
 
 def schedule(spec: Spec, term: Term) -> Schedule:
@@ -154,9 +212,14 @@ def schedule(spec: Spec, term: Term) -> Schedule:
     if shadowed:
         spec, term = _apart(spec, term, shadowed)
         reds = [t for t in ir.walk(term) if ir.is_reduction(t)]
-    loop, chunked = _loop_axis(spec, reds)
-    inner = tuple(sorted({t.attrs[1] for t in reds if t.attrs[1] != loop} | _further_axes(spec, loop)))
+    accumulated = _running_along(spec) if term.op == "pack" else ()
+    # the loop is the first output's (and the other outputs'): an accumulated output reduces over the rows
+    own = [x for k, x in enumerate(term.args if term.op == "pack" else (term,)) if k - 1 not in accumulated]
+    loop, chunked = _loop_axis(spec, [t for x in own for t in ir.walk(x) if ir.is_reduction(t)])
     out_axes = list(spec.output_axes)
+    row_axes = {a for a in out_axes if is_large(spec.extent(a))}   # the rows an accumulated output sums over
+    in_tile = {t.attrs[1] for t in reds if t.attrs[1] != loop and not (accumulated and t.attrs[1] in row_axes)}
+    inner = tuple(sorted(in_tile | _further_axes(spec, loop, accumulated)))
     col = None
     if len(out_axes) > 1 and out_axes[-1] != loop and not is_large(spec.extent(out_axes[-1])):
         col = out_axes.pop()
@@ -169,7 +232,8 @@ def schedule(spec: Spec, term: Term) -> Schedule:
     if row is None and rest:
         row = rest[-1]
     grid = tuple(a for a in rest if a != row)
-    sched = Schedule(spec, term, loop, row, col, grid, inner, writes_loop=loop in spec.output_axes, chunked=chunked)
+    sched = Schedule(spec, term, loop, row, col, grid, inner, writes_loop=loop in spec.output_axes, chunked=chunked,
+                     accumulated=accumulated)
     _check_further_outputs(sched)
     if loop is None:
         return sched

@@ -85,6 +85,12 @@ class _Recording:
         self.allocs.append(("empty", (shape, dtype)))
         return t
 
+    def zeros(self, shape, dtype, device):
+        t = torch.zeros(shape, device=device, dtype=dtype)
+        self.buffers.append(t)
+        self.allocs.append(("zeros", (shape, dtype)))
+        return t
+
     def tickets(self, t, count):
         self.buffers.append(t)
         self.allocs.append(("tickets", count))
@@ -131,6 +137,8 @@ class _Recording:
             for kind, what in allocs:
                 if kind == "empty":
                     bufs.append(torch.empty(what[0], device=device, dtype=what[1]))
+                elif kind == "zeros":
+                    bufs.append(torch.zeros(what[0], device=device, dtype=what[1]))
                 elif kind == "tickets":
                     bufs.append(_ticket_buffer(device, stream, what))
                 elif kind == "constant":
@@ -150,6 +158,11 @@ class _Recording:
 
 def _empty(rec, shape, dtype, device):
     return rec.empty(shape, dtype, device) if rec is not None else torch.empty(shape, device=device, dtype=dtype)
+
+
+def _zeros(rec, shape, dtype, device):
+    """A buffer the kernels add into."""
+    return rec.zeros(shape, dtype, device) if rec is not None else torch.zeros(shape, device=device, dtype=dtype)
 
 
 _TICKETS = {}    # (device, stream) -> int32 counters, all zero between calls
