@@ -252,11 +252,14 @@ class KernelWriter(Loads, TileReductions):
             return f"{self.lang}.where({inexact}, {r} + {b}, {r})"
         return f"{self.lang}.where({inexact}, ({a} // {b}) - 1, {a} // {b})"
 
-    def ordered(self, t: Term, order: tuple[str, ...], prev: bool) -> Val:
-        """t's tile in a given axis order (for dot operands)."""
+    def ordered(self, t: Term, order: tuple[str, ...], prev: bool, rounding: str | None = None) -> Val:
+        """t's tile in a given axis order (for dot operands); one to be transposed and `rounding` to a 16-bit
+        dtype is rounded first."""
         if t.op == "load":
             return self.load(t, order, self.home(t))
         v = self.emit(t, prev)
         if v.axes == order:
             return v
+        if rounding and v.dtype != rounding:
+            v = Val(self.put(self.home(t), f"{v.code}.to({dtype_code(self.lang, rounding)})"), v.axes, rounding)
         return Val(self.put(self.home(t), f"{self.lang}.trans({v.code})"), order, v.dtype)

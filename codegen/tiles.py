@@ -32,7 +32,8 @@ class TileReductions:
 
     def dot_operands(self, body: Term, k: str, prev: bool, zero_invalid: bool, blk: str | None = None):
         a, b, x, y = self.contraction(body, k)
-        va, vb = self.ordered(a, (x, k), prev), self.ordered(b, (k, y), prev)
+        vb = self.ordered(b, (k, y), prev)
+        va = self.ordered(a, (x, k), prev, self._rounding(a, vb))
         if zero_invalid:
             va = Val(self.put(blk or self.ctx.body, f"{self.lang}.where(valid_{k}[None, :], {va.code}, 0.0)"), va.axes,
                      va.dtype)
@@ -45,6 +46,13 @@ class TileReductions:
             # Triton's interpreter multiplies bf16 tiles wrongly: there (only) they are multiplied as fp32
             va, vb = (Val(self.put(blk or self.ctx.body, f"{v.code}.to(BF16_DOT)"), v.axes, v.dtype) for v in (va, vb))
         return va, vb, x, y, ""
+
+    def _rounding(self, t: Term, other: Val) -> str | None:
+        """The 16-bit dtype a computed operand is rounded to before it meets `other` (rounded_product), so that
+        a transpose moves half the bytes."""
+        if t.op == "load" or other.dtype not in ("f16", "bf16") or not rounded_to(t, other.dtype):
+            return None
+        return other.dtype
 
     def rounded_product(self, t: Term, v: Val, other: Val, blk: str | None) -> Val:
         """A matrix operand that is a product of factors each rounded to the other operand's 16-bit dtype
