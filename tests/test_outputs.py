@@ -84,17 +84,6 @@ def test_one_kernel_and_one_reduction_serves_output_and_row_value():
     assert len(sums) == 2   # the weighted sum of V and the row sum, which the output and `l` share
 
 
-def test_a_further_output_along_an_axis_no_tile_holds_is_refused_by_name():
-    spec = Spec("bad_outputs")
-    R, N = spec.dims(R=64, N=1000)
-    r, j = spec.axes(r=R, j=N)
-    x = spec.input("x", "f32", R, N)
-    spec.output("rowmax", "f32", smax(j, x[r, j]), r)
-    spec.output("shifted", "f32", x[r, j] - smax(j, x[r, j]), r, j)
-    with pytest.raises(SpecError, match="output shifted runs along j"):
-        optimize(spec)
-
-
 def test_output_names_are_unique():
     spec = Spec("dup")
     R = spec.dims(R=8)
@@ -131,12 +120,19 @@ def test_an_output_along_the_loop_is_accumulated_across_programs(dtype, matrix):
     _check(spec, {"N": 45, "M": 83})   # several programs' shares, rows and columns past the blocks' ends
 
 
-def test_an_output_along_the_loop_that_is_not_a_sum_of_shares_is_refused():
-    spec = Spec("not_shares")
+@pytest.mark.parametrize("kind", ["shifted", "reciprocal"])
+def test_an_output_along_the_loop_that_is_not_a_sum_of_shares_is_refused_by_name(kind):
+    """Each program adds its share of an output along the loop axis: an output that is no sum of shares (the row
+    shifted by its max; the reciprocal of a whole row's sum) is refused, naming it."""
+    spec = Spec(f"not_shares_{kind}")
     N, M = spec.dims(N=512, M=512)
     i, j = spec.axes(i=N, j=M)
     a = spec.input("a", "f32", N, M)
-    spec.output("y", "f32", sum(i, a[i, j]), j)
-    spec.output("z", "f32", 1 / sum(j, a[i, j]), i)   # the reciprocal of the whole row's sum, not of a share
-    with pytest.raises(SpecError, match="must be linear in sums over j"):
+    if kind == "shifted":   # rows i, a loop over j
+        spec.output("rowmax", "f32", smax(j, a[i, j]), i)
+        spec.output("z", "f32", a[i, j] - smax(j, a[i, j]), i, j)
+    else:                   # rows j, a loop over i
+        spec.output("y", "f32", sum(i, a[i, j]), j)
+        spec.output("z", "f32", 1 / sum(j, a[i, j]), i)
+    with pytest.raises(SpecError, match="output z runs along .* it must be linear in sums over"):
         optimize(spec)
