@@ -48,18 +48,16 @@ class TileReductions:
         return va, vb, x, y, ""
 
     def _rounding(self, t: Term, other: Val) -> str | None:
-        """The 16-bit dtype a computed operand is rounded to before it meets `other` (rounded_product), so that
-        a transpose moves half the bytes."""
-        if t.op == "load" or other.dtype not in ("f16", "bf16") or not rounded_to(t, other.dtype):
-            return None
-        return other.dtype
+        """The 16-bit dtype of `other` where operand t is a product of factors each rounded to it (see
+        rounded_product), else None. `ordered` rounds such an operand before a transpose: half the bytes move."""
+        return other.dtype if other.dtype in ("f16", "bf16") and rounded_to(t, other.dtype) else None
 
     def rounded_product(self, t: Term, v: Val, other: Val, blk: str | None) -> Val:
         """A matrix operand that is a product of factors each rounded to the other operand's 16-bit dtype
         (cast(a, f16) * cast(b, f16)) is taken in that dtype, as the product of one rounded value would be: the
         algebra rules move a cast of a product onto one factor, and an fp32 operand would make the whole matrix
         product run in fp32."""
-        if v.dtype == other.dtype or other.dtype not in ("f16", "bf16") or not rounded_to(t, other.dtype):
+        if v.dtype == other.dtype or self._rounding(t, other) is None:
             return v
         return Val(self.put(blk or self.ctx.body, f"{v.code}.to({dtype_code(self.lang, other.dtype)})"), v.axes, other.dtype)
 

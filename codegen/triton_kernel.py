@@ -7,7 +7,6 @@ import textwrap
 from dataclasses import dataclass
 
 from neptune_eqsat import ir
-from neptune_eqsat.frontend.spec import SpecError
 from neptune_eqsat.plan.schedule import Schedule
 
 from . import blocks
@@ -150,7 +149,7 @@ def triton_kernel(sched: Schedule, name: str, partials: list | None = None, *, c
             for r in reds:
                 w.update(r)
             if p == sched.passes - 1:
-                _accumulate(w, sched, done)
+                _accumulate(w, sched)
             used = " ".join(w.blocks[blk])
             prevs = [f"{w.state[r].code}_prev = {w.state[r].code}" for r in reds if f"{w.state[r].code}_prev" in used]
             w.blocks[blk][head_lines:head_lines] = prevs   # the states as they were when the block began
@@ -227,32 +226,18 @@ def _combine_in_kernel(w: KernelWriter, cw: KernelWriter) -> list[str]:
             f"        for part in tl.static_range({sub}):"] + ["            " + x for x in call]
 
 
-def _accumulate(w: KernelWriter, sched: Schedule, done: set) -> None:
+def _accumulate(w: KernelWriter, sched: Schedule) -> None:
     """In the last pass's loop body: each output accumulated across programs (Schedule.accumulated) gets this
     program's share for the block, added atomically into its fp32 buffer (which the launcher zeroes)."""
     terms = sched.term.args[1:] if sched.term.op == "pack" else ()
     for k in sched.accumulated:
-        o, t = sched.spec.also[k], terms[k]
-        unfinished = [r for r in w.loop_refs(t) if r not in done]
-        if unfinished:
-            raise SpecError(f"spec {sched.spec.name}: output {o.name} reads {ir.show(unfinished[0])[:80]}, which is "
-                            f"not finished before the last pass over {sched.loop}")
-        if o.dtype != "f32":
-            raise SpecError(f"spec {sched.spec.name}: output {o.name} is accumulated across programs in fp32, "
-                            f"not {o.dtype}")
-        stem = f"out{k + 1}"
-        axes = w.canon(set(o.axes))
-        v = w.emit(t)
-        value = w.expand(w.as_float(v), axes)
-        if set(v.axes) != set(axes):
-            value = f"({value} + tl.zeros([{', '.join(w.block(a) for a in axes)}], tl.float32))"
-        ptr = " + ".join([f"{stem}_ptr"] + [f"{w.expand(w.emit(ir.axis(a)), axes)} * {stem}_s{n}"
-                                            for n, a in enumerate(o.axes)])
-        checks = [w.expand(Val(f"valid_{a}", (a,), "bool"), axes) for a in axes
-                  if w.padded(a) and (a != sched.loop or w.ctx.masked)]   # full blocks: every lane is valid
+        o, stem = sched.spec.also[k], f"out{k + 1}"
+        index = tuple(ir.axis(a) for a in o.axes)
+        full = set() if w.ctx.masked else {sched.loop}   # in full blocks of the loop axis every lane is valid
+        value, ptr, checks, out_tile = _output_tile(w, terms[k], stem, o.axes, index, skip=full)
         mask = f", mask={' & '.join(checks)}" if checks else ""
         add = f"tl.atomic_add({ptr}, {value}{mask}, sem='relaxed')"
-        found = w.descriptor_block(stem, tuple(ir.axis(a) for a in o.axes), axes, transposable=False) if w.tma else None
+        found = w.descriptor_block(stem, index, out_tile, transposable=False) if w.tma else None
         if found is None:
             w.blocks[w.ctx.body].append(add)
             continue
@@ -303,18 +288,24 @@ def _store_output(w: KernelWriter, sched: Schedule, done: set) -> list[str]:
     return body
 
 
-def _store(w: KernelWriter, sched: Schedule, term, stem: str, axes: tuple[str, ...], dtype: str, index) -> None:
-    """The lines storing one output's tile (through a tensor descriptor where the launcher builds one)."""
+def _output_tile(w: KernelWriter, term, stem: str, axes: tuple[str, ...], index: tuple, skip: set = frozenset()):
+    """(value in fp32 over the output's tile, pointers at `index`, the bound checks of its padded tile axes but
+    those in `skip`, the tile's axes) of one output."""
     out_tile = w.canon({a for a in axes if a in w.tile_axes})
     v = w.emit(term)
-    dt = dtype_code("tl", dtype)
-    shape = ", ".join(w.block(a) for a in out_tile)
     value = w.expand(w.as_float(v), out_tile)
     if set(v.axes) != set(out_tile):
-        value = f"({value} + tl.zeros([{shape}], tl.float32))"
-    index = index or tuple(ir.axis(a) for a in axes)
+        value = f"({value} + tl.zeros([{', '.join(w.block(a) for a in out_tile)}], tl.float32))"
     ptr = " + ".join([f"{stem}_ptr"] + [f"{w.expand(w.emit(x), out_tile)} * {stem}_s{k}" for k, x in enumerate(index)])
-    checks = [w.expand(type(v)(f"valid_{a}", (a,), "bool"), out_tile) for a in out_tile if w.padded(a)]
+    checks = [w.expand(Val(f"valid_{a}", (a,), "bool"), out_tile) for a in out_tile if w.padded(a) and a not in skip]
+    return value, ptr, checks, out_tile
+
+
+def _store(w: KernelWriter, sched: Schedule, term, stem: str, axes: tuple[str, ...], dtype: str, index) -> None:
+    """The lines storing one output's tile (through a tensor descriptor where the launcher builds one)."""
+    index = index or tuple(ir.axis(a) for a in axes)
+    value, ptr, checks, out_tile = _output_tile(w, term, stem, axes, index)
+    dt = dtype_code("tl", dtype)
     store = f"tl.store({ptr}, {value}.to({dt}){', mask=' + ' & '.join(checks) if checks else ''})"
     blk = w.ctx.body
     found = w.descriptor_block(stem, index, out_tile, transposable=False) \

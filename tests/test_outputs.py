@@ -136,3 +136,14 @@ def test_an_output_along_the_loop_that_is_not_a_sum_of_shares_is_refused_by_name
         spec.output("z", "f32", 1 / sum(j, a[i, j]), i)
     with pytest.raises(SpecError, match="output z runs along .* it must be linear in sums over"):
         optimize(spec)
+
+
+def test_an_output_accumulated_across_programs_must_be_fp32():
+    spec = Spec("shares_in_f16")
+    N, M = spec.dims(N=512, M=512)
+    i, j = spec.axes(i=N, j=M)
+    a = spec.input("a", "f16", N, M)
+    spec.output("y", "f16", sum(i, a[i, j]), j)
+    spec.output("z", "f16", sum(j, a[i, j]), i)
+    with pytest.raises(SpecError, match="output z is accumulated across programs in fp32, not f16"):
+        optimize(spec)

@@ -181,6 +181,21 @@ def _check_accumulated(sched: Schedule, o, t: Term) -> None:
         raise SpecError(f"{name} runs along {loop}, which the kernel of {spec.output_name} loops over: written at "
                         f"every block, each program adding its share, it must be linear in sums over {row} (the "
                         f"rows the programs divide), with nothing added outside them")
+    if o.dtype != "f32":
+        raise SpecError(f"{name} is accumulated across programs in fp32, not {o.dtype}")
+
+
+def _check_accumulated_passes(sched: Schedule) -> None:
+    """An accumulated output is added to in the last pass's loop: the loop's states it reads must be finished
+    by then (computed in earlier passes)."""
+    last = sched.passes - 1
+    for k in sched.accumulated:
+        t = sched.term.args[k + 1]
+        unfinished = [r for r in ir.walk(t) if r in sched.pass_of and sched.pass_of[r] == last]
+        if unfinished:
+            raise SpecError(f"spec {sched.spec.name}: output {sched.spec.also[k].name} reads "
+                            f"{ir.show(unfinished[0])[:80]}, which is not finished before the last pass over "
+                            f"{sched.loop}")
 
 
 def linear_in_sums(t: Term, ax: str) -> str | None:
@@ -260,4 +275,5 @@ def schedule(spec: Spec, term: Term) -> Schedule:
     kinds = {r.op == "split" for r in order}
     if len(kinds) > 1:
         raise SpecError(f"spec {spec.name}: some reductions over {loop} are split into chunks and some are not")
+    _check_accumulated_passes(sched)
     return sched

@@ -79,16 +79,11 @@ class _Recording:
     def __init__(self, inputs):
         self.buffers, self.allocs, self.launches = list(inputs), [], []
 
-    def empty(self, shape, dtype, device):
-        t = torch.empty(shape, device=device, dtype=dtype)
+    def empty(self, shape, dtype, device, kind="empty"):
+        """A buffer each replay allocates again: uninitialized, or with kind "zeros" (one the kernels add into)."""
+        t = _NEW[kind](shape, device=device, dtype=dtype)
         self.buffers.append(t)
-        self.allocs.append(("empty", (shape, dtype)))
-        return t
-
-    def zeros(self, shape, dtype, device):
-        t = torch.zeros(shape, device=device, dtype=dtype)
-        self.buffers.append(t)
-        self.allocs.append(("zeros", (shape, dtype)))
+        self.allocs.append((kind, (shape, dtype)))
         return t
 
     def tickets(self, t, count):
@@ -135,10 +130,8 @@ class _Recording:
             stream = _current_stream(device)
             bufs = list(inputs)
             for kind, what in allocs:
-                if kind == "empty":
-                    bufs.append(torch.empty(what[0], device=device, dtype=what[1]))
-                elif kind == "zeros":
-                    bufs.append(torch.zeros(what[0], device=device, dtype=what[1]))
+                if kind in _NEW:
+                    bufs.append(_NEW[kind](what[0], device=device, dtype=what[1]))
                 elif kind == "tickets":
                     bufs.append(_ticket_buffer(device, stream, what))
                 elif kind == "constant":
@@ -156,13 +149,16 @@ class _Recording:
         return replay
 
 
-def _empty(rec, shape, dtype, device):
-    return rec.empty(shape, dtype, device) if rec is not None else torch.empty(shape, device=device, dtype=dtype)
+_NEW = {"empty": torch.empty, "zeros": torch.zeros}
+
+
+def _empty(rec, shape, dtype, device, kind="empty"):
+    return rec.empty(shape, dtype, device, kind) if rec is not None else _NEW[kind](shape, device=device, dtype=dtype)
 
 
 def _zeros(rec, shape, dtype, device):
     """A buffer the kernels add into."""
-    return rec.zeros(shape, dtype, device) if rec is not None else torch.zeros(shape, device=device, dtype=dtype)
+    return _empty(rec, shape, dtype, device, kind="zeros")
 
 
 _TICKETS = {}    # (device, stream) -> int32 counters, all zero between calls
