@@ -115,6 +115,41 @@ def time_in_rounds(systems: dict, clean, gb: float, rounds: int, title: str, wan
               f"   clean flush {t['clean'] * 1e3:6.1f} us {gb / t['clean'] * 1e3:5.0f} GB/s", flush=True)
 
 
+def host_us(fn, calls=2000):
+    """Host microseconds per call of `calls` back-to-back calls (the GPU synchronized before and after): what a
+    launch-bound call (decode) pays."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
+
+
+def host_profile(fn, calls, top):
+    """Print the functions of most host time (their own, and with their callees) over `calls` calls, per call."""
+    import cProfile
+    import pstats
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof).stats
+    rows = [(tt, ct, f"{Path(f).name}:{line} {name}") for (f, line, name), (_, _, tt, ct, _) in stats.items()]
+    for title, key in (("own time", 0), ("with callees", 1)):
+        print(f"    host, by {title}:")
+        for tt, ct, where in sorted(rows, key=lambda r: -r[key])[:top]:
+            print(f"      own {tt / calls * 1e6:7.1f} us  with callees {ct / calls * 1e6:7.1f} us  {where}")
+
+
 def gpu_name() -> str:
     """The GPU's full name (nvidia-smi's, else torch's; "cpu" where there is none)."""
     try:

@@ -97,10 +97,11 @@ def forward({args}, *, config=None):
             return replay({args})
         config, stale_when = _compile_ahead(forward, ({args},), config, INPUTS, LENGTHS, QUICK)
     sizes, device, cfg, rec = _setup(INPUTS, CONFIG, INTERPRETER_CONFIG, TUNED, TUNED_FOR, ({args},), config)
+    rec = rec and _recorded_when_seen_before(rec, key)
 {dims}
 {launch}
     if rec is not None:
-        _REPLAYS[key] = (rec.replay(device, {result}), stale_when)
+        _keep_replay(key, rec.replay(device, {result}), stale_when)
     return {result}
 {split_entry}'''
 
@@ -326,11 +327,12 @@ def _output_lines(spec, accumulated: tuple[int, ...] = ()) -> tuple[str, str]:
 
 
 def _runtime_source() -> str:
-    """The run-time package's configs.py, ahead.py, launch.py and tables.py, without their module headers and
+    """The run-time package's configs.py, ahead.py, descriptors.py, replay.py, launch.py and tables.py, without their module headers and
     imports."""
     marker = "# ---- copied into every generated module from here on\n"
     here = Path(configs.__file__)
-    texts = [here.read_text()] + [here.with_name(f).read_text() for f in ("ahead.py", "launch.py", "tables.py")]
+    texts = [here.read_text()] + [here.with_name(f).read_text() for f in ("ahead.py", "descriptors.py", "replay.py",
+                                                                                "launch.py", "tables.py")]
     return "\n\n".join(t[t.index(marker) + len(marker):].strip() for t in texts) + "\n"
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import DEVICE, SPECS, assert_close, compiled
-from neptune_eqsat.runtime import ahead, launch
+from neptune_eqsat.runtime import ahead, descriptors, launch, replay
 
 INPUTS = {"q": ("float16", ("B", 4, "S", 16)), "k": ("float16", ("B", 4, "S", 16))}
 
@@ -108,23 +108,23 @@ def test_calls_take_the_triton_kernel_while_the_gluon_kernel_compiles(monkeypatc
     gate = threading.Event()
     kernel = StandIn(gate)
     x = torch.randn(1, 4, 40, 16, dtype=torch.float16)
-    args = (launch._descriptor(x, [1, 1, 8, 16]) or launch.TensorDescriptor(x, list(x.shape), list(x.stride()),
-                                                                            [1, 1, 8, 16]), 40)
-    monkeypatch.setattr(launch, "_REPLAYS", {})
+    args = (descriptors._descriptor(x, [1, 1, 8, 16])
+            or descriptors.TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, 8, 16]), 40)
+    monkeypatch.setattr(replay, "_REPLAYS", {})
 
     def forward(q, *, config=None):
         launch._gluon_ready(kernel, args, {}, (8,), config)
         return q
     config, stale_when = ahead._compile_ahead(forward, (x,), None, {"q": ("float16", ("B", 4, "S", 16))}, ())
     assert config is None and len(stale_when) == 1   # the call takes the Triton kernel, Gluon's compiles
-    launch._REPLAYS["recorded with the Triton kernel"] = ("replay", stale_when)
+    replay._REPLAYS["recorded with the Triton kernel"] = ("replay", stale_when)
     assert launch._gluon_ready(kernel, args, {}, (8,), None) is False
     assert launch._gluon_ready(kernel, args, {}, (8,), {"BACKEND": "gluon"}) is True   # a config of its own
-    assert launch._replay("recorded with the Triton kernel") == "replay"
+    assert replay._replay("recorded with the Triton kernel") == "replay"
     gate.set()
     ahead.wait_for_compiles()
-    assert launch._replay("recorded with the Triton kernel") is None   # stale once the Gluon kernel is ready
-    assert launch._REPLAYS == {}
+    assert replay._replay("recorded with the Triton kernel") is None   # stale once the Gluon kernel is ready
+    assert replay._REPLAYS == {}
     assert launch._gluon_ready(kernel, args, {}, (8,), None) is True
     assert len(kernel.compiled) == 1
 
@@ -157,7 +157,7 @@ def test_after_a_first_call_new_lengths_compile_nothing(name, length, first, lat
 def test_a_gluon_kernel_met_in_a_warm_pass_compiles_after_the_calls_own_kernels():
     gluon, triton_kernel = StandIn(), StandIn()
     x = torch.randn(1, 4, 40, 16, dtype=torch.float16)
-    desc = launch.TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, 8, 16])
+    desc = descriptors.TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, 8, 16])
     order = []
 
     def forward(q, *, config=None):   # a prefill module's branch: the Gluon kernel where it is ready

@@ -302,7 +302,8 @@ def parse_args(argv=None):
     p.add_argument("--modules", default=str(common.GENERATED), help="folder of <op>.py (default bench/generated)")
     p.add_argument("--out", default=None, help="output folder (default $OUT, else bench/results/<gpu>/<date>-attention)")
     p.add_argument("--systems", type=name_list(SYSTEMS), default=DEFAULT_SYSTEMS,
-                   help=f"comma list from {','.join(SYSTEMS)} (default all but eager)")
+                   help=f"comma list from {','.join(SYSTEMS)} (default all but eager, neptune_api and "
+                        "fa4, which needs flash-attn-4)")
     p.add_argument("--quick", action="store_true", help="short timing, smallest default shapes")
     p.add_argument("--rounds", type=int, default=1,
                    help="time each shape's systems this many times, in turns, and keep the medians (default 1)")

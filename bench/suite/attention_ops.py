@@ -43,8 +43,8 @@ OPS = {op.name: op for op in [
     Op("alibi_dc", "decode", 32, 32, None, "alibi"),
     Op("softcap_dc", "decode", 32, 16, None, "softcap"),
 ]}
-SYSTEMS = ["neptune", "flex", "inductor", "sdpa_cudnn", "sdpa_flash", "sdpa_mem_eff", "eager", "neptune_api"]
-DEFAULT_SYSTEMS = SYSTEMS[:-2]
+SYSTEMS = ["neptune", "flex", "inductor", "sdpa_cudnn", "sdpa_flash", "sdpa_mem_eff", "eager", "neptune_api", "fa4"]
+DEFAULT_SYSTEMS = SYSTEMS[:-3]
 COMPILERS = ("flex", "inductor")   # best compiler = the faster of these two
 UNITS = {"prefill": "TFLOP/s", "decode": "GB/s"}
 

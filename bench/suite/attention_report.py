@@ -30,6 +30,13 @@ def ratios(by_system):
     return (nep / best if nep and best else None), (nep / cudnn if nep and cudnn else None)
 
 
+def over(by_system, name):
+    """neptune / the system `name`, None where either has no correct timing."""
+    nep, other = (by_system.get(n) for n in ("neptune", name))
+    ok = nep and other and nep["status"] == other["status"] == "ok"
+    return metric(nep) / metric(other) if ok else None
+
+
 def geomean(xs):
     xs = [x for x in xs if x]
     return dict(geomean=math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None, n=len(xs))
@@ -69,15 +76,16 @@ def markdown(results):
         keys = [key for key in by_shape if key[0] == mode]
         if not keys:
             continue
+        fa4 = "fa4" in systems
         lines += [f"## {mode.capitalize()} ({UNITS[mode]})", "",
                   "| op | B | " + ("S" if mode == "prefill" else "KV") + " | " + " | ".join(systems)
-                  + " | neptune / best compiler | neptune / cuDNN |",
-                  "|---|---|---|" + "---|" * (len(systems) + 2)]
+                  + " | neptune / best compiler | neptune / cuDNN |" + (" neptune / FA4 |" if fa4 else ""),
+                  "|---|---|---|" + "---|" * (len(systems) + 2 + fa4)]
         for key in keys:
             g = by_shape[key]
             cells = [cell(g.get(s)) for s in systems]
             lines.append(f"| {key[1]} | {key[2]} | {key[3]} | " + " | ".join(cells) + " | "
-                         + " | ".join(map(fmt_ratio, ratios(g))) + " |")
+                         + " | ".join(map(fmt_ratio, ratios(g) + ((over(g, "fa4"),) if fa4 else ()))) + " |")
         lines.append("")
         copy = dev.get("copy_gbs")
         if mode == "decode" and copy:

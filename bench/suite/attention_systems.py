@@ -105,11 +105,31 @@ def sdpa(backend, case):
     return call
 
 
+def fa4(case):
+    """FlashAttention-4 (flash-attn-4, CuTe DSL; on Hopper its forward is FlashAttention-3's algorithm): causal
+    (aligned to the last key, as ours), sliding windows and soft-capping, grouped-query heads; no ALiBi. It
+    takes [B, S, H, D]: the inputs are laid out so once, outside the timed call, and its output is viewed back."""
+    if case.op.mod == "alibi":
+        return None
+    from bench.suite.attention_ops import CAP, WINDOW
+    from flash_attn.cute import flash_attn_func
+    q, k, v = (x.transpose(1, 2).contiguous() for x in (case.q, case.k, case.v))
+    causal = case.op.mask in ("causal", "window") and q.shape[1] > 1   # a decode row sees every key anyway
+    window = (WINDOW - 1, 0) if case.op.mask == "window" else (None, None)
+    softcap = CAP if case.op.mod == "softcap" else 0.0
+
+    def call():
+        out = flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap)
+        return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
+    return call
+
+
 BUILDERS = {
     "neptune": neptune, "neptune_api": neptune_api, "flex": flex, "inductor": inductor, "eager": eager,
     "sdpa_cudnn": functools.partial(sdpa, "CUDNN_ATTENTION"),
     "sdpa_flash": functools.partial(sdpa, "FLASH_ATTENTION"),
     "sdpa_mem_eff": functools.partial(sdpa, "EFFICIENT_ATTENTION"),
+    "fa4": fa4,
 }
 
 

@@ -13,12 +13,11 @@ speed apart from the timer's:
 GB/s counts the bytes of Q, K, V and O. Imports only torch and triton.
 """
 import argparse
-import time
 
 import torch
 import triton
 
-from bench.common import FLUSH_BYTES, GENERATED, HEADS, cudnn_attention, event_median, load
+from bench.common import FLUSH_BYTES, GENERATED, HEADS, cudnn_attention, event_median, host_us, load
 
 
 def graph_ms(fn, inner=10, replays=20):
@@ -35,16 +34,6 @@ def graph_ms(fn, inner=10, replays=20):
     b.record()
     torch.cuda.synchronize()
     return a.elapsed_time(b) / (inner * replays)
-
-
-def host_us(fn, calls=2000):
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
 
 
 def main():

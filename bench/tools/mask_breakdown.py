@@ -13,13 +13,12 @@ Needs a CUDA GPU and the compiler (egglog).
 from __future__ import annotations
 
 import argparse
-import time
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 
 from bench import common
+from bench.common import host_profile, host_us
 from bench.suite.masks import D, SYSTEMS, masks
 
 common.import_package()
@@ -39,36 +38,6 @@ def kernel_times(fn, calls):
         if e.device_type == torch.autograd.DeviceType.CUDA:
             times[e.name[:60]] += e.device_time / calls
     return dict(sorted(times.items(), key=lambda kv: -kv[1]))
-
-
-def host_us(fn, calls):
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
-
-
-def host_profile(fn, calls, top):
-    """The functions of most host time (their own, excluding callees) over `calls` calls, per call."""
-    import cProfile
-    import pstats
-    fn()
-    torch.cuda.synchronize()
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        fn()
-    prof.disable()
-    torch.cuda.synchronize()
-    stats = pstats.Stats(prof).stats
-    rows = [(tt, ct, f"{Path(f).name}:{line} {name}") for (f, line, name), (_, _, tt, ct, _) in stats.items()]
-    for title, key in (("own time", 0), ("with callees", 1)):
-        print(f"    host, by {title}:")
-        for tt, ct, where in sorted(rows, key=lambda r: -r[key])[:top]:
-            print(f"      own {tt / calls * 1e6:7.1f} us  with callees {ct / calls * 1e6:7.1f} us  {where}")
 
 
 def main():

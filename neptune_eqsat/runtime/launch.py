@@ -1,11 +1,8 @@
 """The launch runtime of the generated modules, copied into each of them (they import only torch and triton).
 
-Triton's per-call argument binding and specialization costs tens of microseconds, more than a short decode
-kernel runs. On the GPU a call is therefore recorded once per signature of its inputs (shapes, strides,
-dtypes, 16-byte alignment, device): the compiled kernels, their grids and integer arguments are the same for
-every call with that signature, so later calls replay the launches with only the tensors changed. Before its
-first launch a call that does not replay runs _setup, which reads the module's data (INPUTS, CONFIG,
-INTERPRETER_CONFIG, TUNED, TUNED_FOR) passed to it: the module's forward holds only its own launches.
+A call that does not replay (replay.py) runs _setup, which reads the module's data (INPUTS, CONFIG,
+INTERPRETER_CONFIG, TUNED, TUNED_FOR) passed to it and checks the inputs: the module's forward holds only its
+own launches, each through _launch, which keeps the compiled kernel per argument specialization.
 """
 import functools
 import os
@@ -16,22 +13,15 @@ import triton
 from neptune_eqsat.runtime.configs import bucket, split_count
 from neptune_eqsat.runtime.ahead import (_AHEAD, _QuickConfig, _after_this_call, _ahead_enabled, _compiled,
                                          _future, _quick_call, _submit, _wait, _warming)
+from neptune_eqsat.runtime.descriptors import _is_descriptor
+from neptune_eqsat.runtime.replay import _Recording, _current_stream, _replay_enabled, _run
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # a generated module sets it above its kernels
 
 # ---- copied into every generated module from here on
-try:
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:   # a Triton without host tensor descriptors: kernels load and store through pointers
-    TensorDescriptor = None
-try:   # Gluon kernels take descriptors that also carry their shared-memory layout
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
-except ImportError:
-    gl = GluonDescriptor = None
-
 _COMPILED = {}   # (grid, (kernel, config, argument specialization)) -> compiled kernel
-_REPLAYS = {}    # signature of the inputs -> (replay of the recorded launches, Futures that make it stale)
+
+
 _ANY_LENGTH = {}   # a kernel -> (its twin for the quick tier (ahead.py), the positions of its length parameters)
 
 
@@ -41,156 +31,6 @@ def _any_length(kernel, length_params):
     twin = kernel if _INTERPRETED else triton.jit(do_not_specialize=list(length_params))(kernel.fn)
     names = list(kernel.arg_names) if hasattr(kernel, "arg_names") else []
     return twin, frozenset(names.index(p) for p in length_params if p in names)
-
-
-def _replay(key):
-    """The replay recorded for a call like this one; None where there is none, or where a kernel the recorded
-    call did not take (compiling then, in the background) is ready now: the call is then run and recorded again."""
-    entry = _REPLAYS.get(key)
-    if entry is None:
-        return None
-    replay, stale_when = entry
-    if any(f.done() for f in stale_when):
-        _REPLAYS.pop(key, None)
-        return None
-    return replay
-
-
-def _signature(*tensors):
-    return tuple((t.shape, t.stride(), t.dtype, t.data_ptr() % 16, t.device) for t in tensors)
-
-
-def _replay_enabled():
-    return getattr(triton, "knobs", None) is not None
-
-
-def _run(compiled, grid, stream, args):
-    """Launch a compiled kernel the way Triton does, including its launch hooks when a profiler set them."""
-    hooks = triton.knobs.runtime
-    enter = hooks.launch_enter_hook
-    meta = compiled.launch_metadata(grid, stream, *args) if enter is not None else None
-    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, meta, enter,
-                 hooks.launch_exit_hook, *args)
-
-
-class _Recording:
-    """The allocations and launches of one GPU call, for replay."""
-
-    def __init__(self, inputs):
-        self.buffers, self.allocs, self.launches = list(inputs), [], []
-
-    def empty(self, shape, dtype, device, kind="empty"):
-        """A buffer each replay allocates again: uninitialized, or with kind "zeros" (one the kernels add into)."""
-        t = _NEW[kind](shape, device=device, dtype=dtype)
-        self.buffers.append(t)
-        self.allocs.append((kind, (shape, dtype)))
-        return t
-
-    def tickets(self, t, count):
-        self.buffers.append(t)
-        self.allocs.append(("tickets", count))
-        return t
-
-    def constant(self, t):
-        """A tensor every replay reads as it is (a block table of the sizes only)."""
-        self.buffers.append(t)
-        self.allocs.append(("constant", t))
-        return t
-
-    def derived(self, build, tensors, t):
-        """A tensor each replay builds again, as build(*tensors), from the call's tensors (a block table of
-        their values)."""
-        slots = tuple(next(n for n, b in enumerate(self.buffers) if b is x) for x in tensors)
-        self.buffers.append(t)
-        self.allocs.append(("derived", (build, slots)))
-        return t
-
-    def launched(self, compiled, grid, args, constexprs):
-        """Keep the launch as its argument list with the places of its tensors and tensor descriptors, the
-        buffers they come from and the descriptors' block shapes (None for a bare tensor)."""
-        template = list(args) + list(constexprs)
-        tensors = []
-        for pos, a in enumerate(args):
-            described = _is_descriptor(a)
-            if described or isinstance(a, torch.Tensor):
-                base = a.base if described else a
-                slot = next(n for n, b in enumerate(self.buffers) if b is base)
-                tensors.append((pos, slot, (list(a.block_shape), getattr(a, "layout", None)) if described else None))
-                template[pos] = None
-        self.launches.append((compiled, grid, template, tuple(tensors)))
-
-    def replay(self, device, out):
-        """A function of the inputs that allocates and launches as recorded; it returns the buffer(s) `out`
-        was (a tensor, or a tuple of a kernel's outputs)."""
-        allocs, launches = self.allocs, self.launches
-        out_slots = [next(n for n, b in enumerate(self.buffers) if b is o) for o in (out if isinstance(out, tuple)
-                                                                                 else (out,))]
-
-        def replay(*inputs):
-            stream = _current_stream(device)
-            bufs = list(inputs)
-            for kind, what in allocs:
-                if kind in _NEW:
-                    bufs.append(_NEW[kind](what[0], device=device, dtype=what[1]))
-                elif kind == "tickets":
-                    bufs.append(_ticket_buffer(device, stream, what))
-                elif kind == "constant":
-                    bufs.append(what)
-                else:
-                    build, slots = what
-                    bufs.append(build(*(bufs[s] for s in slots)))
-            for compiled, grid, template, tensors in launches:
-                args = template.copy()
-                for pos, slot, described in tensors:   # same signature: the recorded layout takes a descriptor
-                    buf = bufs[slot]
-                    args[pos] = buf if described is None else _redescribe(buf, *described)
-                _run(compiled, grid, stream, args)
-            return tuple(bufs[s] for s in out_slots) if isinstance(out, tuple) else bufs[out_slots[0]]
-        return replay
-
-
-_NEW = {"empty": torch.empty, "zeros": torch.zeros}
-
-
-def _empty(rec, shape, dtype, device, kind="empty"):
-    return rec.empty(shape, dtype, device, kind) if rec is not None else _NEW[kind](shape, device=device, dtype=dtype)
-
-
-def _zeros(rec, shape, dtype, device):
-    """A buffer the kernels add into."""
-    return _empty(rec, shape, dtype, device, kind="zeros")
-
-
-_TICKETS = {}    # (device, stream) -> int32 counters, all zero between calls
-
-
-def _ticket_buffer(device, stream, count):
-    """Zeroed counters for a split kernel's tiles. Every kernel leaves them zero again (the last program of a
-    tile resets its ticket), so one buffer per stream serves every call without clearing; kernels on other
-    streams may run at the same time, so they get their own."""
-    t = _TICKETS.get((device, stream))
-    if t is None or t.numel() < count:
-        t = _TICKETS[(device, stream)] = torch.zeros(max(count, 1024), device=device, dtype=torch.int32)
-    return t
-
-
-def _current_stream(device):
-    if device.type != "cuda":
-        return 0
-    # (a device named without an index, torch.device("cuda"), is the current one)
-    return triton.runtime.driver.active.get_current_stream(
-        device.index if device.index is not None else torch.cuda.current_device())
-
-
-def _tickets(rec, device, count):
-    stream = _current_stream(device)
-    t = _ticket_buffer(device, stream, count)
-    return rec.tickets(t, count) if rec is not None else t
-
-
-@functools.lru_cache(maxsize=None)
-def _copy_engine(device):
-    return device.type == "cpu" or torch.cuda.get_device_capability(device)[0] >= 9
 
 
 @functools.lru_cache(maxsize=None)
@@ -213,43 +53,6 @@ def _gpu_name(device):
 @functools.lru_cache(maxsize=None)
 def _hopper(device):
     return torch.cuda.get_device_capability(device)[0] == 9
-
-
-def _describable(x, block):
-    """Can the copy engine read or write x in blocks of `block`? Not on a GPU before Hopper, for an empty tensor,
-    the last dimension not contiguous, the base or another stride not 16-byte aligned, a row of a block under
-    16 bytes or a block side over 256."""
-    size = x.element_size()
-    return _copy_engine(x.device) and not (x.numel() == 0 or x.stride(-1) != 1 or x.data_ptr() % 16
-                                           or any(s * size % 16 for s in x.stride()[:-1]) or block[-1] * size < 16
-                                           or max(block) > 256)
-
-
-def _descriptor(x, block):
-    """x as the copy engine reads or writes it, in blocks of `block`; None where it cannot (see _describable, or
-    a Triton without host descriptors)."""
-    if TensorDescriptor is None or not _describable(x, block):
-        return None
-    return TensorDescriptor(x, list(x.shape), list(x.stride()), block)
-
-
-def _gluon_descriptor(x, block):
-    """As _descriptor, for a Gluon kernel: with the swizzled shared-memory layout its block lands in."""
-    dtype = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(x.dtype)
-    if GluonDescriptor is None or dtype is None or not _describable(x, block):
-        return None
-    layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, dtype))
-    return GluonDescriptor(x, list(x.shape), list(x.stride()), block, layout)
-
-
-def _redescribe(x, block, layout):
-    if layout is None:
-        return TensorDescriptor(x, list(x.shape), list(x.stride()), block)
-    return GluonDescriptor(x, list(x.shape), list(x.stride()), block, layout)
-
-
-def _is_descriptor(a):
-    return any(c is not None and isinstance(a, c) for c in (TensorDescriptor, GluonDescriptor))
 
 
 def _specialization(a):

@@ -8,7 +8,7 @@ import weakref
 import torch
 
 from neptune_eqsat.runtime.ahead import _warming
-from neptune_eqsat.runtime.launch import _Recording, _replay_enabled
+from neptune_eqsat.runtime.replay import _Recording, _replay_enabled
 
 # ---- copied into every generated module from here on
 _TABLES = {}   # (builder, block sizes, sizes, device) -> (block table of a predicate of positions only, its flags)
@@ -48,6 +48,9 @@ def _derived_table(build, consts, *tensors):
     GPU the build's allocations and its one launch are recorded once per sizes and layouts and replayed after:
     Triton's argument binding would cost more host time than the build's kernel runs."""
     device = tensors[0].device
+    if len(_SEEN) > 256 or len(_BUILDS) > 256:   # lengths that change every call make new keys every call
+        _SEEN.clear()
+        _BUILDS.clear()
     key = (build, *consts, *((t.shape, t.stride(), t.dtype, t.data_ptr() % 16, device) for t in tensors))
     seen = _SEEN.get(key)
     if seen is not None and all(ref() is t and t._version == version for (ref, version), t in zip(seen[0], tensors)):

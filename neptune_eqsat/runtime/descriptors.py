@@ -1,0 +1,64 @@
+"""Tensor descriptors, copied into each generated module with launch.py: the copy engine (TMA, Hopper on)
+reads and writes a tensor in blocks through a descriptor built on the host; Gluon kernels take descriptors
+that also carry the shared-memory layout their blocks land in."""
+import functools
+
+import torch
+
+# ---- copied into every generated module from here on
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:   # a Triton without host tensor descriptors: kernels load and store through pointers
+    TensorDescriptor = None
+
+
+try:   # Gluon kernels take descriptors that also carry their shared-memory layout
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+except ImportError:
+    gl = GluonDescriptor = None
+
+
+@functools.lru_cache(maxsize=None)
+def _copy_engine(device):
+    return device.type == "cpu" or torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _describable(x, block):
+    """Can the copy engine read or write x in blocks of `block`? Not on a GPU before Hopper, for an empty tensor,
+    the last dimension not contiguous, the base or another stride not 16-byte aligned, a row of a block under
+    16 bytes or a block side over 256."""
+    size = x.element_size()
+    return _copy_engine(x.device) and not (x.numel() == 0 or x.stride(-1) != 1 or x.data_ptr() % 16
+                                           or any(s * size % 16 for s in x.stride()[:-1]) or block[-1] * size < 16
+                                           or max(block) > 256)
+
+
+def _descriptor(x, block):
+    """x as the copy engine reads or writes it, in blocks of `block`; None where it cannot (see _describable, or
+    a Triton without host descriptors)."""
+    if TensorDescriptor is None or not _describable(x, block):
+        return None
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), block)
+
+
+def _gluon_descriptor(x, block):
+    """As _descriptor, for a Gluon kernel: with the swizzled shared-memory layout its block lands in."""
+    dtype = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(x.dtype)
+    if GluonDescriptor is None or dtype is None or not _describable(x, block):
+        return None
+    layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, dtype))
+    return GluonDescriptor(x, list(x.shape), list(x.stride()), block, layout)
+
+
+def _redescribe(x, block, layout):
+    if layout is None:
+        return TensorDescriptor(x, list(x.shape), list(x.stride()), block)
+    return GluonDescriptor(x, list(x.shape), list(x.stride()), block, layout)
+
+
+_DESCRIPTORS = tuple(c for c in (TensorDescriptor, GluonDescriptor) if c is not None)
+
+
+def _is_descriptor(a):
+    return isinstance(a, _DESCRIPTORS)
