@@ -3,7 +3,8 @@
     ncu --clock-control none --section SpeedOfLight -k regex:'_kernel|sdpa|fprop|fmha' --launch-skip 3 \
         --launch-count 1 python -m bench.tools.profile_kernels gqa_dc neptune --seq 32768
 
-systems: neptune (the generated module in bench/generated), cudnn (SDPA's cuDNN backend), and for global and
+systems: neptune (the generated module in bench/generated), cudnn (SDPA's cuDNN backend), fa4 (FlashAttention-4's
+flash_attn_func, needs flash-attn-4; prefill ops without a score mod), and for global and
 causal prefill the variants of the frozen experiment
 bench/experiments/2026-11-22-prefill-kernel-shapes/prefill_variants.py, written VARIANT:BLOCK_J:STAGES (e.g. tma:128:3).
 Imports only torch and triton.
@@ -27,7 +28,7 @@ def main():
     args = ap.parse_args()
     hq, hkv = HEADS[args.op]
     decode = args.op.endswith("_dc")
-    causal = args.op == "causal_pf"
+    causal = args.op in ("causal_pf", "gqa_pf")
     q = torch.randn(1, hq, 1 if decode else args.seq, 128, device="cuda", dtype=torch.float16)
     k, v = (torch.randn(1, hkv, args.seq, 128, device="cuda", dtype=torch.float16) for _ in range(2))
     extra = ()
@@ -38,6 +39,10 @@ def main():
         fn = lambda: mod.forward(q, k, v, *extra, config=args.config)
     elif args.system == "cudnn":
         fn = lambda: cudnn_attention(q, k, v, causal)
+    elif args.system == "fa4":
+        from flash_attn.cute import flash_attn_func
+        qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+        fn = lambda: flash_attn_func(qt, kt, vt, causal=causal)
     else:
         pv = load(BENCH / "experiments" / "2026-11-22-prefill-kernel-shapes" / "prefill_variants.py",
                   prefix="bench_experiment_")
