@@ -19,22 +19,24 @@ def groups(rows):
     return out
 
 
+def _timed(by_system, name):
+    """The system's metric, None where it has no correct timing."""
+    r = by_system.get(name)
+    return metric(r) if r and r["status"] == "ok" else None
+
+
 def ratios(by_system):
     """(neptune / best compiler, neptune / cuDNN), None where a side has no correct timing."""
-    def value(name):
-        r = by_system.get(name)
-        return metric(r) if r and r["status"] == "ok" else None
-    nep, cudnn = value("neptune"), value("sdpa_cudnn")
-    compilers = [x for x in map(value, COMPILERS) if x is not None]
+    compilers = [x for x in (_timed(by_system, c) for c in COMPILERS) if x is not None]
     best = max(compilers) if compilers else None
-    return (nep / best if nep and best else None), (nep / cudnn if nep and cudnn else None)
+    nep = _timed(by_system, "neptune")
+    return (nep / best if nep and best else None), over(by_system, "sdpa_cudnn")
 
 
 def over(by_system, name):
     """neptune / the system `name`, None where either has no correct timing."""
-    nep, other = (by_system.get(n) for n in ("neptune", name))
-    ok = nep and other and nep["status"] == other["status"] == "ok"
-    return metric(nep) / metric(other) if ok else None
+    nep, other = _timed(by_system, "neptune"), _timed(by_system, name)
+    return nep / other if nep and other else None
 
 
 def geomean(xs):

@@ -4,7 +4,7 @@
         --launch-count 1 python -m bench.tools.profile_kernels gqa_dc neptune --seq 32768
 
 systems: neptune (the generated module in bench/generated), cudnn (SDPA's cuDNN backend), fa4 (FlashAttention-4's
-flash_attn_func, needs flash-attn-4; prefill ops without a score mod), and for global and
+flash_attn_func as bench.suite.attention runs it, needs flash-attn-4; not ALiBi), and for global and
 causal prefill the variants of the frozen experiment
 bench/experiments/2026-11-22-prefill-kernel-shapes/prefill_variants.py, written VARIANT:BLOCK_J:STAGES (e.g. tma:128:3).
 Imports only torch and triton.
@@ -39,10 +39,12 @@ def main():
         fn = lambda: mod.forward(q, k, v, *extra, config=args.config)
     elif args.system == "cudnn":
         fn = lambda: cudnn_attention(q, k, v, causal)
-    elif args.system == "fa4":
-        from flash_attn.cute import flash_attn_func
-        qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-        fn = lambda: flash_attn_func(qt, kt, vt, causal=causal)
+    elif args.system == "fa4":   # as bench.suite.attention runs it
+        from bench.suite.attention_ops import OPS
+        from bench.suite.attention_systems import Case, fa4
+        fn = fa4(Case(OPS[args.op], q, k, v, None, "cuda"))
+        if fn is None:
+            raise SystemExit(f"fa4 cannot express {args.op}")
     else:
         pv = load(BENCH / "experiments" / "2026-11-22-prefill-kernel-shapes" / "prefill_variants.py",
                   prefix="bench_experiment_")

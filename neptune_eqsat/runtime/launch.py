@@ -20,8 +20,6 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # a generated module 
 
 # ---- copied into every generated module from here on
 _COMPILED = {}   # (grid, (kernel, config, argument specialization)) -> compiled kernel
-
-
 _ANY_LENGTH = {}   # a kernel -> (its twin for the quick tier (ahead.py), the positions of its length parameters)
 
 

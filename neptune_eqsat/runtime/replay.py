@@ -9,6 +9,8 @@ that signature, so later calls replay the launches with only the tensors changed
 call on a stream (ticket counters, constant tables, workspaces as views of the stream's arenas) is bound once
 per stream; a call allocates its outputs and launches.
 """
+import math
+
 import torch
 import triton
 
@@ -16,12 +18,8 @@ from neptune_eqsat.runtime.descriptors import _is_descriptor, _redescribe
 
 # ---- copied into every generated module from here on
 _REPLAYS = {}    # signature of the inputs -> (replay of the recorded launches, Futures that make it stale)
-
-
-_MAX_REPLAYS = 1024
-
-
-_SEEN_ONCE = {}   # signatures called once, not recorded yet
+_SEEN_ONCE = {}  # signatures called once, not recorded yet
+_MAX_REPLAYS = 1024   # the most of either kept, least recently used dropped first
 
 
 def _replay(key):
@@ -40,7 +38,7 @@ def _replay(key):
 def _recorded_when_seen_before(rec, key):
     """The recording of a call whose signature was seen before, else None: recording costs more host time than
     the call's launches, and a decode cache that grows by a token a call never repeats its signature."""
-    if rec is None or _SEEN_ONCE.pop(key, None) is not None:
+    if _SEEN_ONCE.pop(key, None) is not None:
         return rec
     while len(_SEEN_ONCE) >= _MAX_REPLAYS:
         _SEEN_ONCE.pop(next(iter(_SEEN_ONCE)))
@@ -187,8 +185,6 @@ class _Recording:
 
 _KEEP_BYTES = 64 * 2**20   # workspaces up to this size are views of a stream's arenas: larger ones cost less to
                            # allocate every call than the kernels that fill them run
-
-
 _ARENAS = {}   # (device, stream, ordinal) -> bytes that the ordinal-th kept workspace of any replay views
 
 
@@ -203,10 +199,7 @@ def _workspace(device, stream, ordinal, shape, dtype):
 
 
 def _nbytes(shape, dtype):
-    count = 1
-    for size in shape:
-        count *= size
-    return count * dtype.itemsize
+    return math.prod(shape) * dtype.itemsize
 
 
 def _capturing(device):
