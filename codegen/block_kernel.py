@@ -98,7 +98,7 @@ class _Emitter:
             return exact(f"tl.full([], float({str(float(at[0]))!r}), tl.float64)")
         subs = [self.emit(x, mode) for x in ar]
         if op == "load":
-            return self.load(at[0], subs, new)
+            return self.load(at[0], subs, new, in_loop)
         if op == "un":
             out = self.unary(at[0], subs[0], new)
             out = self.rounded(*out, new) if at[0] in _ROUNDED else out
@@ -140,13 +140,18 @@ class _Emitter:
                 lo, hi = new(f"tl.where({top}, -{INF}, {lo})"), new(f"tl.where({top}, {INF}, {hi})")
         return lo, hi
 
-    def load(self, name, index, new):
+    def load(self, name, index, new, in_loop):
         if any(lo != hi for lo, hi in index):   # a range of indices: every value (loose, still sound)
             return self.top
         offset = " + ".join(f"tl.minimum(tl.maximum(tl.where({i} == {i}, {i}, 0.0), 0.0), "
                             f"({name}_n{k} - 1).to(tl.float64)).to(tl.int64) * {name}_s{k}"
                             for k, (i, _) in enumerate(index)) or "0"
-        v = new(f"tl.load({name}_ptr + {offset}).to(tl.float64)")
+        raw = new(f"tl.load({name}_ptr + {offset})")
+        if self.w.spec.inputs[name].dtype == "i64":   # float64 holds integers exactly up to 2^53: past that,
+            # ids could compare equal here and not in the kernel, so every block is partial (tested per element)
+            (self.body if in_loop else self.pre).append(f"inexact = tl.maximum(inexact, tl.max((tl.abs({raw}) > "
+                                                        f"{2 ** 53}).to(tl.int32) + tl.zeros([1], tl.int32), axis=None))")
+        v = new(f"{raw}.to(tl.float64)")
         return v, v
 
     def truth(self, a, new):
@@ -320,6 +325,7 @@ def kernel_source(table, w, sizes: list[str]) -> str:
         "pi = pi_at.to(tl.float64)",
         "ai_lo = (rb * BLOCK_ROW).to(tl.float64)",
         f"ai_hi = tl.minimum(rb * BLOCK_ROW + BLOCK_ROW - 1, {row_n} - 1).to(tl.float64)",
+        "inexact = tl.full([], 0, tl.int32)",
         *e.pre,
         "lists = out_ptr + pid.to(tl.int64) * (2 * n_kb + 2)",
         "n_partial = tl.full([], 0, tl.int32)",
@@ -333,8 +339,8 @@ def kernel_source(table, w, sizes: list[str]) -> str:
             "aj_lo = (kbs * BLOCK_LOOP).to(tl.float64)",
             f"aj_hi = tl.minimum(kbs * BLOCK_LOOP + BLOCK_LOOP - 1, {key_n} - 1).to(tl.float64)",
             *e.body,
-            f"is_full = {_and('kbs < n_kb', f'{always} == 1', f'kbs * BLOCK_LOOP + BLOCK_LOOP <= {key_n}')}",
-            f"is_partial = {_and('kbs < n_kb', f'{maybe} != 0', 'is_full == 0')}",
+            f"is_full = {_and('kbs < n_kb', f'{always} == 1', f'kbs * BLOCK_LOOP + BLOCK_LOOP <= {key_n}', 'inexact == 0')}",
+            f"is_partial = {_and('kbs < n_kb', _or(f'{maybe} != 0', 'inexact != 0'), 'is_full == 0')}",
             "hit = is_partial.to(tl.int32)",
             "tl.store(lists + 1 + n_partial + tl.cumsum(hit, axis=0) - hit, kbs, mask=is_partial)",
             "n_partial += tl.sum(hit, axis=0)",

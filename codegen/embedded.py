@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import textwrap
 
+from neptune_eqsat import ir
 from neptune_eqsat.frontend.spec import Spec
 
-TORCH_DTYPE = {"f16": "torch.float16", "bf16": "torch.bfloat16", "f32": "torch.float32", "f64": "torch.float64"}
+TORCH_DTYPE = {d: f"torch.{name}" for d, name in ir.TORCH_NAMES.items()}
 
 LOADER = textwrap.dedent('''
     def _module(name):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from neptune_eqsat.ir import Term
 
 from .uniform import uniform_load
-from .values import Val
+from .values import Val, value_dtype
 
 
 class Loads:
@@ -48,7 +48,7 @@ class Loads:
         else:   # the copy engine where the launcher could build a descriptor, pointer loads otherwise
             var = self.fresh("ld")
             self.blocks[blk] += ["if USE_TMA:", f"    {var} = {via_descriptor}", "else:", f"    {var} = {pointer_load}"]
-        v = Val(var, order, self.spec.inputs[name].dtype)
+        v = Val(var, order, value_dtype(self.spec.inputs[name].dtype))
         self.cache[key] = v
         return v
 

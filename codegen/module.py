@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+from neptune_eqsat import ir
 from neptune_eqsat.plan.combine import Combine
 from neptune_eqsat.plan.plan import Plan
 from neptune_eqsat.runtime import configs
@@ -105,7 +106,7 @@ def forward({args}, *, config=None):
     return {result}
 {split_entry}'''
 
-TORCH_DTYPE = {"f16": "torch.float16", "bf16": "torch.bfloat16", "f32": "torch.float32", "f64": "torch.float64"}
+TORCH_DTYPE = {d: f"torch.{name}" for d, name in ir.TORCH_NAMES.items()}
 
 
 def _switch_defaults(w: KernelWriter, gpu: dict, cpu: dict) -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from neptune_eqsat import ir
 from neptune_eqsat.ir import ops
 from neptune_eqsat.ir import Term
 
-DTYPE_NAMES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64"}
+DTYPE_NAMES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64", "bool": "int1", "i8": "int8",
+               "u8": "uint8", "i16": "int16", "i32": "int32", "i64": "int64"}
 
 
 def _in_gluon(template: str) -> str:
@@ -26,6 +28,14 @@ OP_CODE = {
 def dtype_code(lang: str, dtype: str) -> str:
     """A spec dtype in the target's language: dtype_code("tl", "bf16") is tl.bfloat16."""
     return f"{lang}.{DTYPE_NAMES[dtype]}"
+
+
+def value_dtype(spec_dtype: str) -> str:
+    """The dtype of a value read from an input of `spec_dtype`: integers of any width are "int" (read exactly as
+    stored, like positions), truth values "bool", floats their own."""
+    return "bool" if spec_dtype == "bool" else "int" if spec_dtype in ir.INT_DTYPES else spec_dtype
+
+
 BIT_OPS = ops.named("bin", bitwise=True)
 IDENTITY_CODE = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}
 

@@ -22,7 +22,7 @@ import torch
 
 from neptune_eqsat.compiled import cache_dir, compiled_module, compiler_fingerprint, run_kernels
 from neptune_eqsat.frontend import bounds
-from neptune_eqsat.frontend.flex_trace import DTYPES, Problem, TraceError, index_text, problem_text, reads, trace
+from neptune_eqsat.frontend.flex_trace import CAPTURE_DTYPES, DTYPES, Problem, TraceError, index_text, problem_text, reads, trace
 from neptune_eqsat.frontend.spec import Spec
 
 DECODE_ROWS = 16   # query lengths up to this are priced as decode (split-K), longer ones as prefill
@@ -59,15 +59,16 @@ _CONVERTED: dict[int, tuple] = {}   # id of a captured tensor -> (weak ref, vers
 
 
 def _as_kernel_input(c: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A captured tensor as the kernel reads it: floats as they are, other dtypes (ids, flags) as fp32, on the
-    query's device. A conversion is kept while the tensor lives unchanged (same version), so the same input
-    object reaches the kernel call after call and tables built from its values can be reused."""
-    if c.dtype in DTYPES and c.device == device:
+    """A captured tensor as the kernel reads it, on the query's device: fp16, bf16, fp32, integers and bools as
+    stored (CAPTURE_DTYPES), other dtypes as fp32. A conversion is kept while the tensor lives unchanged (same
+    version), so the same input object reaches the kernel call after call and tables built from its values can
+    be reused."""
+    if c.dtype in CAPTURE_DTYPES and c.device == device:
         return c
     hit = _CONVERTED.get(id(c))
     if hit is not None and hit[0]() is c and hit[1] == c._version and hit[2] == device:
         return hit[3]
-    out = (c if c.dtype in DTYPES else c.float()).to(device)
+    out = (c if c.dtype in CAPTURE_DTYPES else c.float()).to(device)
     if len(_CONVERTED) > 1024:
         _CONVERTED.clear()
     _CONVERTED[id(c)] = (weakref.ref(c), c._version, device, out)

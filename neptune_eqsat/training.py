@@ -23,7 +23,7 @@ from neptune_eqsat.plan.autodiff import Backward, GradPart, differentiate
 from neptune_eqsat.frontend.reference import Evaluator, _align, bind_sizes
 from neptune_eqsat.frontend.spec import Spec, SpecError
 
-TORCH = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
+TORCH = {d: getattr(torch, name) for d, name in ir.TORCH_NAMES.items()}
 
 
 @lru_cache(maxsize=4096)

@@ -20,7 +20,9 @@ from neptune_eqsat import ir
 from neptune_eqsat.runtime.loader import load_module
 
 H, N_DOC = 3, 23     # grid axis h, length of the captured 1-d tensor
-WRITER = types.SimpleNamespace(row="i", loop="j", ext=lambda a: {"i": "L", "j": "S", "h": str(H)}[a])
+# the captured tensors: document ids as stored (int64), a table of floats
+SPEC = types.SimpleNamespace(inputs={"doc": types.SimpleNamespace(dtype="i64"), "table": types.SimpleNamespace(dtype="f32")})
+WRITER = types.SimpleNamespace(row="i", loop="j", ext=lambda a: {"i": "L", "j": "S", "h": str(H)}[a], spec=SPEC)
 
 
 def _clamped(e: ir.Term, n: int) -> ir.Term:
@@ -131,7 +133,7 @@ def brute_force(pred: ir.Term, L: int, S: int, tensors: dict) -> np.ndarray:
     """The predicate at every (h, i, j), as booleans."""
     h, i, j = np.meshgrid(np.arange(H), np.arange(L), np.arange(S), indexing="ij")
     env = {"h": h.astype(np.float64), "i": i.astype(np.float64), "j": j.astype(np.float64)}
-    data = {n: t.double().numpy() for n, t in tensors.items()}
+    data = {n: (t.double() if t.is_floating_point() else t).numpy() for n, t in tensors.items()}   # ids exact
 
     def leaf(t: ir.Term, ev):
         if t.op == "axis":
@@ -168,7 +170,7 @@ def check_sound(pred, L, S, bm, bn, tensors, kind="torch") -> np.ndarray:
 def random_tensors(seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
     doc = torch.sort(torch.randint(0, 5, (N_DOC,), generator=g)).values
-    return {"doc": doc.float(), "table": torch.randint(-20, 40, (H, N_DOC), generator=g).float()}
+    return {"doc": doc, "table": torch.randint(-20, 40, (H, N_DOC), generator=g).float()}
 
 
 @settings(max_examples=300, deadline=None)
@@ -216,6 +218,16 @@ def test_document_mask_skips_other_documents_and_runs_inner_blocks_unmasked(kind
     assert (cls == 0).sum() > 0 and (cls == 2).sum() > 0
     # row block 3 (rows 24-31, document 1, keys 16-39): keys 16-23 all kept, 24-31 causal, the rest empty
     assert list(cls[3]) == [0, 0, 2, 1, 0, 0]
+
+
+def test_ids_past_float64s_integers_leave_every_block_partial():
+    """Ids float64 cannot tell apart (consecutive past 2^53) must never make a block empty or full: the kernel
+    compares them exactly, element by element."""
+    doc = 2 ** 60 + torch.tensor([0] * 16 + [1] * 24 + [2] * 8)
+    i, j = ir.axis("i"), ir.axis("j")
+    pred = ir.bin("and", ir.bin("eq", ir.load("doc", i), ir.load("doc", j)), ir.bin("ge", i, j))
+    cls = check_sound(pred, 48, 48, 8, 8, {"doc": doc}, "kernel")[0]
+    assert (cls == 1).all()
 
 
 def test_prefix_or_causal_mask_is_full_on_the_prefix():

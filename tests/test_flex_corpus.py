@@ -63,6 +63,11 @@ def relative_buckets(score, b, h, q_idx, kv_idx):
     return score + BIAS[h, torch.div(kv_idx - q_idx, 4, rounding_mode="floor").clamp(-3, 2) * 2 + 8] * (h + 1)
 
 
+def window_bound_by_default(b, h, q_idx, kv_idx, width=5, sinks=OFFSETS):
+    """Values bound as default arguments (the idiom that freezes a loop variable): not inputs of the mask."""
+    return ((q_idx - kv_idx).abs() <= width) | (kv_idx == sinks[1])
+
+
 def soft_cap_methods(score, b, h, q_idx, kv_idx):
     return score.div(20.0).tanh().mul(20.0)
 
@@ -77,6 +82,7 @@ CASES = {
     "relative_bias": (relative_bias, None),
     "relative_buckets_causal": (relative_buckets, causal),
     "methods": (soft_cap_methods, None),
+    "defaults_and_varargs": (lambda score, *index: score + (index[2] - index[3]) * 0.125, window_bound_by_default),
     "where_first": (lambda s, b, h, q, kv: torch.where(kv > q, float("-inf"), s), None),
     "erf_and_rounding": (lambda s, b, h, q, kv: torch.special.erf(s) + torch.floor(s * 2) / 4 + torch.round(s * 1.5)
                          - s.ceil() / 3 + torch.trunc(s * 2.5) / 5, None),

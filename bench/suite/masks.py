@@ -181,7 +181,7 @@ def neptune_new_data_call(q, k, v, mask_mod, score_mod):
     from their values are built again; the same as `neptune` for a mask of positions only."""
     fn = neptune_call(q, k, v, mask_mod, score_mod)
     data = [c.cell_contents for c in (mask_mod.__closure__ or ()) if isinstance(c.cell_contents, torch.Tensor)]
-    return lambda: ([t.add_(0) for t in data], fn())[1]
+    return lambda: ([t.logical_and_(t) if t.dtype == torch.bool else t.add_(0) for t in data], fn())[1]
 
 
 SYSTEMS = {"neptune": neptune_call, "neptune_new_data": neptune_new_data_call, "flex": flex_call,

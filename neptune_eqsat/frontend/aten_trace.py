@@ -384,8 +384,11 @@ def _graph(fn, dtypes):
     """fn traced on fake 0-d tensors of `dtypes` into an ATen graph, outside any tracing already under way (a
     model being compiled calls flex_attention while torch.compile traces it)."""
     examples = [torch.zeros((), dtype=d) for d in dtypes]
+
+    def positional(*args):   # make_fx binds one input per parameter: defaults (flags=flags) and *args get theirs
+        return fn(*args)
     with torch._guards.tracing(None), _disable_current_modes(), TransformGetItemToIndex():
-        return make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*examples)
+        return make_fx(positional, tracing_mode="fake", _allow_non_fake_inputs=True)(*examples)
 
 
 def _traced_failure(e: Exception) -> str:

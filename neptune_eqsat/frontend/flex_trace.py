@@ -24,6 +24,10 @@ from neptune_eqsat.frontend.spec import Spec, SpecError
 
 
 DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+# captured tensors the kernels read as they are stored: these floats, and integers and truth values exactly (ids
+# beyond 2^24 stay distinct); any other dtype (float64, fp8) is read as float32
+CAPTURE_DTYPES = {**DTYPES, torch.bool: "bool", torch.int8: "i8", torch.uint8: "u8", torch.int16: "i16",
+                  torch.int32: "i32", torch.int64: "i64"}
 
 
 class TraceError(SpecError):
@@ -48,7 +52,7 @@ class _Trace:
         if t.dim() != len(index):
             raise self.error(f"indexes captured tensor of shape {tuple(t.shape)} with {len(index)} indices")
         if name not in self.spec.inputs:   # its shape is part of the kernel (a new shape compiles a new one)
-            self.spec.input(name, DTYPES.get(t.dtype, "f32"), *(int(n) for n in t.shape),
+            self.spec.input(name, CAPTURE_DTYPES.get(t.dtype, "f32"), *(int(n) for n in t.shape),
                             source=f"the tensor of shape {tuple(t.shape)} that {self.fn_name} captures")
         tensor = self.spec.inputs[name]
         # indices come as `i + 0`: an index may be an axis whose extent is a run-time size, and the tensor's

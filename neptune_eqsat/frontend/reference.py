@@ -10,6 +10,7 @@ import string
 
 import torch
 
+from neptune_eqsat import ir
 from neptune_eqsat.ir import ops
 from neptune_eqsat.ir import Term, walk
 from neptune_eqsat.frontend.spec import Spec, SpecError
@@ -187,15 +188,18 @@ def random_inputs(spec: Spec, sizes: dict[str, int], seed: int = 0, device: str 
     an input read as an index (a label) takes integers in range of the dimension it indexes."""
     g = torch.Generator().manual_seed(seed)
     out = {}
-    dt = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
     roles = index_roles(spec, sizes)
     for name, t in spec.inputs.items():
         shape = [s if isinstance(s, int) else sizes[s.name] for s in t.shape]
         if name in roles:
             x = torch.randint(0, roles[name], shape, generator=g).to(torch.float64)
+        elif t.dtype == "bool":
+            x = torch.rand(shape, generator=g) < 0.5
+        elif t.dtype in ir.INT_DTYPES:   # small integers, both signs where the dtype holds them
+            x = torch.randint(0 if t.dtype == "u8" else -20, 21, shape, generator=g)
         else:
             x = torch.rand(shape, generator=g) * 1.5 + 0.5 if t.positive else torch.randn(shape, generator=g)
-        out[name] = x.to(dt[t.dtype]).to(device)
+        out[name] = x.to(getattr(torch, ir.TORCH_NAMES[t.dtype])).to(device)
     return out
 
 

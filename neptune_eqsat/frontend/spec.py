@@ -214,6 +214,9 @@ class Spec:
         return t
 
     def output(self, name: str, dtype: str, value, *axes: Axis) -> None:
+        if dtype not in ir.FLOAT_DTYPES:
+            raise _fail(f"output {name}: dtype {dtype!r} is not a floating-point dtype "
+                        f"(one of {', '.join(ir.FLOAT_DTYPES)})")
         e = _wrap(value)
         names = tuple(a.name for a in axes)
         for a in axes:
@@ -251,8 +254,8 @@ class Spec:
     def retyped(self, dtype: str) -> Spec:
         """The same computation with its 16-bit floating-point inputs, casts and output in `dtype` (bf16 for
         an fp16 spec, say); inputs of other dtypes (fp32 slopes, integer ids) keep theirs."""
-        if dtype not in ir.DTYPES:
-            raise SpecError(f"unknown dtype {dtype!r} (one of {', '.join(ir.DTYPES)})")
+        if dtype not in ir.FLOAT_DTYPES:
+            raise SpecError(f"cannot retype to {dtype!r} (one of {', '.join(ir.FLOAT_DTYPES)})")
         if self.output_term is None:
             raise SpecError(f"spec {self.name}: no output to retype")
         sixteen = ("f16", "bf16")
@@ -337,8 +340,9 @@ def where(cond, a, b) -> Expr:
 
 
 def cast(x, dtype: str) -> Expr:
-    if dtype not in ir.DTYPES:
-        raise _fail(f"cast to unknown dtype {dtype!r}")
+    if dtype not in ir.FLOAT_DTYPES:
+        what = "an integer dtype" if dtype in ir.INT_DTYPES else "unknown dtype"
+        raise _fail(f"cast to {what} {dtype!r}: casts are to a floating-point dtype ({', '.join(ir.FLOAT_DTYPES)})")
     return Expr(Term("cast", (dtype,), (_wrap(x).term,), _origin()))
 
 

@@ -41,7 +41,13 @@ LOGIC = ops.named("bin", group="logic")
 INTEGER = ops.named("bin", group="integer")   # floor division and bit operations of integers
 BINARY = ARITH + COMPARE + LOGIC + INTEGER
 REDUCERS = {"sum": 0.0, "max": -math.inf, "min": math.inf}  # reducer -> identity
-DTYPES = ("f16", "bf16", "f32", "f64")
+FLOAT_DTYPES = ("f16", "bf16", "f32", "f64")
+# inputs may also hold integers or truth values (document ids, offsets, flags), read exactly as stored; outputs and
+# casts are floating point
+INT_DTYPES = ("bool", "i8", "u8", "i16", "i32", "i64")
+DTYPES = FLOAT_DTYPES + INT_DTYPES
+TORCH_NAMES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64", "bool": "bool",
+               "i8": "int8", "u8": "uint8", "i16": "int16", "i32": "int32", "i64": "int64"}
 
 
 @dataclass(frozen=True)

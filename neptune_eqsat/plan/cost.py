@@ -22,7 +22,7 @@ from neptune_eqsat.ir import Term
 from neptune_eqsat.plan.schedule import Schedule
 from neptune_eqsat.runtime.configs import split_count
 
-DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
+DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "bool": 1, "i8": 1, "u8": 1, "i16": 2, "i32": 4, "i64": 8}
 TRANSCENDENTAL = set(ops.named("un", transcendental=True))
 # an fp32 atomic add into global memory, priced as this many bytes moved per byte added (read, add, write
 # back in L2)
