@@ -9,7 +9,7 @@ import torch
 
 from conftest import SPECS, compiled, on_device
 from neptune_eqsat.compiler import optimize
-from neptune_eqsat.ir import walk
+from neptune_eqsat.ir import TORCH_NAMES, walk
 from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
 from neptune_eqsat.runtime.loader import load_module
 from neptune_eqsat.spec import load_spec
@@ -134,3 +134,27 @@ def test_spec_language_imports_fast_and_leaves_triton_alone():
                                                           capture_output=True, text=True).stdout.split()
     assert torch_loaded == "False" and interpret_set == "False"
     assert float(seconds) < 1.0 and math.isfinite(float(seconds))
+
+
+@pytest.mark.parametrize("label_dtype", ["i64", "i32"])
+def test_integer_labels_read_as_stored_match_torch_cross_entropy(label_dtype):
+    """A spec input of integers (the label per row, as torch's cross_entropy takes it): the module takes the
+    integer tensor itself, reads it as an index, and gives torch's loss."""
+    text = (SPECS / "cross_entropy.py").read_text().replace('spec.input("target", f32, R)',
+                                                           f'spec.input("target", {label_dtype}, R)')
+    spec_ns = {}
+    exec(compile(text.replace('Spec("cross_entropy")', f'Spec("cross_entropy_{label_dtype}")'), "ce.py", "exec"),
+         spec_ns)
+    result = optimize(spec_ns["spec"])
+    mod = load_module(result.source, f"cross_entropy_{label_dtype}")
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(19, 300, generator=g)
+    torch_dtype = getattr(torch, TORCH_NAMES[label_dtype])
+    target = torch.randint(0, 300, (19,), generator=g).to(torch_dtype)
+    loss = on_device(mod.forward, x, target)
+    ref = torch.nn.functional.cross_entropy(x.double(), target.long(), reduction="none")
+    assert (loss.double() - ref).abs().max().item() <= tolerance("f32")
+    with pytest.raises(TypeError, match="expected dtype"):
+        on_device(mod.forward, x, target.float())
+    inputs = random_inputs(result.spec, {"R": 19, "V": 300})
+    assert inputs["target"].dtype == torch_dtype

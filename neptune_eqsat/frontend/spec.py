@@ -26,10 +26,11 @@ from neptune_eqsat.ir import ops
 from neptune_eqsat.ir import Term
 from neptune_eqsat.frontend.conditions import index_max, is_index_condition, negate
 
-__all__ = ["Spec", "Dim", "SpecError", "f16", "bf16", "f32", "inf", "nan", "sum", "max", "min", "where", "cast",
+__all__ = ["Spec", "Dim", "SpecError", "f16", "bf16", "f32", "i8", "u8", "i16", "i32", "i64", "inf", "nan", "sum", "max", "min", "where", "cast",
            "load_spec"]
 
 f16, bf16, f32 = "f16", "bf16", "f32"
+i8, u8, i16, i32, i64 = "i8", "u8", "i16", "i32", "i64"   # inputs only (ids, labels, offsets); "bool" too
 inf, nan = math.inf, math.nan
 
 
