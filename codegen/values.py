@@ -8,8 +8,7 @@ from neptune_eqsat import ir
 from neptune_eqsat.ir import ops
 from neptune_eqsat.ir import Term
 
-DTYPE_NAMES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64", "bool": "int1", "i8": "int8",
-               "u8": "uint8", "i16": "int16", "i32": "int32", "i64": "int64"}
+DTYPE_NAMES = {**ir.TORCH_NAMES, "bool": "int1"}   # Triton's names are torch's but for its truth values
 
 
 def _in_gluon(template: str) -> str:

@@ -176,12 +176,17 @@ def flex_call(q, k, v, mask_mod, score_mod, per_call=False, backend=None):
     return lambda: compiled(q, k, v, score_mod=score_mod, block_mask=bm, enable_gqa=gqa, kernel_options=options)
 
 
+def written_in_place(t):
+    """t, its values unchanged but written in place (torch counts the write in its version), as new data is."""
+    return t.logical_and_(t) if t.dtype == torch.bool else t.add_(0)
+
+
 def neptune_new_data_call(q, k, v, mask_mod, score_mod):
     """neptune with the mask's tensors written before every call (new document ids every batch), so tables built
     from their values are built again; the same as `neptune` for a mask of positions only."""
     fn = neptune_call(q, k, v, mask_mod, score_mod)
     data = [c.cell_contents for c in (mask_mod.__closure__ or ()) if isinstance(c.cell_contents, torch.Tensor)]
-    return lambda: ([t.logical_and_(t) if t.dtype == torch.bool else t.add_(0) for t in data], fn())[1]
+    return lambda: ([written_in_place(t) for t in data], fn())[1]
 
 
 SYSTEMS = {"neptune": neptune_call, "neptune_new_data": neptune_new_data_call, "flex": flex_call,

@@ -26,8 +26,7 @@ from neptune_eqsat.frontend.spec import Spec, SpecError
 DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
 # captured tensors the kernels read as they are stored: these floats, and integers and truth values exactly (ids
 # beyond 2^24 stay distinct); any other dtype (float64, fp8) is read as float32
-CAPTURE_DTYPES = {**DTYPES, torch.bool: "bool", torch.int8: "i8", torch.uint8: "u8", torch.int16: "i16",
-                  torch.int32: "i32", torch.int64: "i64"}
+CAPTURE_DTYPES = {**DTYPES, **{getattr(torch, ir.TORCH_NAMES[d]): d for d in ir.INT_DTYPES}}
 
 
 class TraceError(SpecError):

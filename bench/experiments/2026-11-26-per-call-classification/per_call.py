@@ -22,7 +22,7 @@ import torch  # noqa: E402
 import triton.testing  # noqa: E402
 
 from bench import common  # noqa: E402
-from bench.suite.masks import D, check, masks  # noqa: E402
+from bench.suite.masks import D, check, masks, written_in_place  # noqa: E402
 from bench.tools.mask_breakdown import kernel_times  # noqa: E402
 
 
@@ -103,7 +103,7 @@ def main():
                 def fn(module=module, config=config, write=write):
                     if write:
                         for t in captures:
-                            t.logical_and_(t) if t.dtype == torch.bool else t.add_(0)
+                            written_in_place(t)
                     return module.forward(q, k, v, *captures, config=config)
                 err, ok = check(fn(), q, k, v, mask_mod, score_mod)
                 assert ok, (name, S, label, err)
