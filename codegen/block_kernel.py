@@ -314,6 +314,11 @@ def kernel_source(table, w, sizes: list[str]) -> str:
         grid.append(f"g_{ax} = ((entry // {stride}) % {w.ext(ax)}).to(tl.float64)")
         stride = f"{stride} * {w.ext(ax)}"
     lines = [
+        # a dependent launch (runtime: _dependent_launch): wait for the writes of the kernel before (the
+        # tensors' new values), then let the kernel reading the lists launch, to wait in its turn for these
+        "if DEPENDENT:",
+        "    gdc_wait()",
+        "    gdc_launch_dependents()",
         f"n_rb = ({row_n} + BLOCK_ROW - 1) // BLOCK_ROW",
         f"n_kb = ({key_n} + BLOCK_LOOP - 1) // BLOCK_LOOP",
         "pid = tl.program_id(0)",
@@ -356,7 +361,7 @@ def kernel_source(table, w, sizes: list[str]) -> str:
         "    tl.store(tickets_ptr, 0)",
         "    _order_row_blocks(out_ptr, tl.num_programs(0) // n_rb, n_rb, n_kb, ORDER_CHUNK)",
     ]
-    constexprs = ["BLOCK_ROW", "BLOCK_LOOP", "KB_CHUNK", "ORDER_CHUNK"]
+    constexprs = ["BLOCK_ROW", "BLOCK_LOOP", "KB_CHUNK", "ORDER_CHUNK", "DEPENDENT"]
     params = ["out_ptr", "tickets_ptr"] + sizes + tensor_params
     head = (f"@triton.jit(do_not_specialize={ints!r})\n"
             f"def {kernel}({', '.join(params + [c + ': tl.constexpr' for c in constexprs])}):\n"
@@ -374,9 +379,12 @@ def kernel_source(table, w, sizes: list[str]) -> str:
         "        return out.zero_()",
         f"    args = ({args},)",
         f"    chunk = max(1, {KB_CHUNK_ELEMENTS} // BLOCK_LOOP)",
+        "    dependent = _dependent_launch(device)",
         "    cfg = {'BLOCK_ROW': BLOCK_ROW, 'BLOCK_LOOP': BLOCK_LOOP, 'KB_CHUNK': chunk, "
-        f"'ORDER_CHUNK': {ORDER_CHUNK}, 'num_warps': {WARPS}, 'num_stages': 1}}",
-        f"    _launch(rec, {kernel}, (entries * n_rb,), args, cfg, (BLOCK_ROW, BLOCK_LOOP, chunk, {ORDER_CHUNK}),",
+        f"'ORDER_CHUNK': {ORDER_CHUNK}, 'DEPENDENT': dependent, 'num_warps': {WARPS}, 'num_stages': 1, "
+        "'launch_pdl': dependent}",
+        f"    _launch(rec, {kernel}, (entries * n_rb,), args, cfg, (BLOCK_ROW, BLOCK_LOOP, chunk, {ORDER_CHUNK}, "
+        "dependent),",
         "            unspecialized=frozenset(n for n, a in enumerate(args) if isinstance(a, int)))",
         "    return out",
     ]

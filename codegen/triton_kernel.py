@@ -196,6 +196,11 @@ def triton_kernel(sched: Schedule, name: str, partials: list | None = None, *, c
     w.constexprs += [f"EVEN_{loop.upper()}"] if even_used else []
     w.constexprs += ["ONE_LOOP"] if w.one_loop else []
     w.constexprs += ["TMA_REDUCE"] if w.tma_reduce else []
+    if any(t.tensors for t in w.tables.values()):
+        # block lists rebuilt at a call by the kernel before this one: launched as its dependent (runtime:
+        # _dependent_launch), this kernel waits for them before its first read
+        w.constexprs += ["DEPENDENT"]
+        head[:0] = ["if DEPENDENT:", "    gdc_wait()"]
     if combine is not None:
         params += [p for p in combine.params if p not in params] + ["tickets_ptr"]
         w.constexprs += [f"COMBINE_{c}" for c in combine.constexprs] + ["COMBINE_IN_KERNEL"]
