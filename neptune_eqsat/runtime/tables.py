@@ -85,6 +85,7 @@ def _dependent_launch(device):
     """Whether a table rebuilt at a call and the kernel reading it launch as programmatic dependents (Hopper on;
     NEPTUNE_EQSAT_DEPENDENT_LAUNCH=0 turns it off). Each launches while the kernel before it runs and waits
     for that kernel's writes before its own first read (griddepcontrol.wait), so the reading kernel's launch
-    overlaps the classifying kernel rather than following it: about 4 us of an 8 us rebuild on an H200."""
+    overlaps the classifying kernel rather than following it: 1-1.5 us of a 9-10 us rebuild at S = 4096 on an
+    H200 (bench/results/h200/2026-11-26-dependent-launch)."""
     return (device.type == "cuda" and gdc_wait is not None and torch.cuda.get_device_capability(device)[0] >= 9
             and os.environ.get("NEPTUNE_EQSAT_DEPENDENT_LAUNCH", "1") != "0")
