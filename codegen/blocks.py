@@ -18,7 +18,7 @@ from pathlib import Path
 from neptune_eqsat import ir
 from neptune_eqsat.ir import Term
 
-from . import block_kernel, masks
+from . import block_kernel, masks, row_order
 
 
 @dataclass(frozen=True)
@@ -220,7 +220,7 @@ def helpers_source(w) -> str:
     classifying kernel (built again whenever they change)."""
     positions = [t for t in w.tables.values() if not t.tensors]
     reading = [t for t in w.tables.values() if t.tensors]
-    parts = ([runtime_source()] if positions else []) + ([block_kernel.ORDER_SOURCE] if reading else [])
+    parts = ([runtime_source()] if positions else []) + ([row_order.ORDER_SOURCE] if reading else [])
     parts += [builder_source(t, w) for t in positions]
     parts += [block_kernel.kernel_source(t, w, builder_sizes(t, w)) for t in reading]
     return "\n\n".join(parts) + "\n\n" if parts else ""

@@ -14,7 +14,7 @@ import torch
 from hypothesis import assume, given, settings, strategies as st
 
 from conftest import DEVICE
-from neptune_eqsat.codegen import block_kernel, blocks, intervals, module
+from neptune_eqsat.codegen import block_kernel, blocks, intervals, module, row_order
 from neptune_eqsat.codegen.masks import evaluate
 from neptune_eqsat import ir
 from neptune_eqsat.runtime.loader import load_module
@@ -98,7 +98,7 @@ def build_lists(pred: ir.Term, L: int, S: int, bm: int, bn: int, tensors: dict, 
         build = scope["build"]
     else:   # on the test device: compiled for the GPU there
         tensors = {n: t.to(DEVICE) for n, t in tensors.items()}
-        source = _HEADER + module._runtime_source() + "\n\n" + block_kernel.ORDER_SOURCE + "\n\n" + \
+        source = _HEADER + module._runtime_source() + "\n\n" + row_order.ORDER_SOURCE + "\n\n" + \
             block_kernel.kernel_source(table, WRITER, _sizes(table))
         build = load_module(source, "block_classes").build
     used = [tensors[n] for n in table.tensors]

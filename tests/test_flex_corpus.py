@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.nn.attention.flex_attention import and_masks, create_block_mask, or_masks
 from torch.nn.attention.flex_attention import flex_attention as torch_flex
 
@@ -90,6 +91,12 @@ CASES = {
     "negative_remainders": (lambda s, b, h, q, kv: s + ((q - kv) % 5) * 0.25 + ((kv - q) // 3) * 0.125
                             + ((q - kv) * 1.5) % 2.0 - ((kv - q) * 0.75) // 1.0,
                             lambda b, h, q, kv: ((q - kv) % 3) != 1),
+    # tensor methods and torch.nn.functional forms that are compositions of the registry's ops
+    "masked_fill": (lambda s, b, h, q, kv: s.masked_fill((q - kv).abs() > 4, -2.0).masked_fill(kv > q, -math.inf),
+                    None),
+    "activations": (lambda s, b, h, q, kv: F.softplus(s, beta=2.0, threshold=1.0) + F.silu(s) + F.gelu(s)
+                    + F.gelu(s, approximate="tanh") - torch.log1p((q - kv).abs().float()) + torch.expm1(s * 0.1),
+                    None),
     "bit_ops": (lambda s, b, h, q, kv: s + ((q >> (kv % 3)) ^ (kv << 1)) % 5, lambda b, h, q, kv: ((q ^ kv) & 4) == 0
                 | (~kv & 1).bool()),
 }

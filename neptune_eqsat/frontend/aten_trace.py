@@ -178,6 +178,20 @@ def _sign(a):
     return S.where(a > 0, 1.0, S.where(a < 0, -1.0, 0.0))
 
 
+def _softplus(a, beta=1.0, threshold=20.0):
+    """torch's softplus: log(1 + exp(beta a)) / beta, the input itself where beta a passes the threshold."""
+    scaled = _scalar(a) * beta
+    smooth = S.softplus(scaled)
+    return S.where(scaled > threshold, a, smooth if beta == 1 else smooth / beta)
+
+
+def _gelu(a, approximate="none"):
+    a = _scalar(a)
+    if approximate == "tanh":
+        return 0.5 * a * (1.0 + S.tanh(math.sqrt(2.0 / math.pi) * (a + 0.044715 * a * a * a)))
+    return 0.5 * a * (1.0 + S.erf(a / math.sqrt(2.0)))
+
+
 def _fill(value):
     return lambda *args, **kwargs: S._wrap(float(value) if not isinstance(value, bool) else value)
 
@@ -206,6 +220,9 @@ ATEN = {
     "log2": lambda a: S.log(a) / LN2, "log10": lambda a: S.log(a) / math.log(10.0),
     "rsqrt": lambda a: 1.0 / S.sqrt(a), "reciprocal": lambda a: 1.0 / _scalar(a),
     "sigmoid": lambda a: 1.0 / (1.0 + S.exp(-_scalar(a))),
+    "log1p": lambda a: S.log(1.0 + _scalar(a)), "expm1": lambda a: S.exp(a) - 1.0,
+    "softplus": _softplus, "silu": lambda a: _scalar(a) / (1.0 + S.exp(-_scalar(a))), "gelu": _gelu,
+    "masked_fill": lambda a, mask, value: _where(mask, value, a),
     "pow": _pow, "square": lambda a: _scalar(a) * a, "sign": _sign, "sgn": _sign,
     "clamp": _clamp, "clip": _clamp,
     "clamp_min": lambda a, lo: _clamp(a, lo=lo), "clamp_max": lambda a, hi: _clamp(a, hi=hi),

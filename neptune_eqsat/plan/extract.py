@@ -68,9 +68,19 @@ class Analyses:
     three: (constructor, work, may-overflow exps, reduced axis, does the body read a reduction over that axis,
     fixed risks)."""
 
-    def __init__(self, snap: Snapshot, weight, load_axes):
+    def __init__(self, snap: Snapshot, weight, load_axes, as_written: set[ENode] = frozenset()):
         self.snap, self.weight, self.load_axes = snap, weight, load_axes
         self.memo: dict[ENode, tuple] = {}
+        # the e-nodes of each e-class where the spec as written takes an exp that may overflow (exp(s * 0.1) in
+        # a score): every plan computes that value, so no form of it is a risk a plan takes. Risks are counted
+        # per use in a tree (a score read by the max and by both sums counts three times): were the spec's own
+        # exp counted, a plan dropping the max's subtraction (sum exp(s) exp(-max), overflowing where s is
+        # large) would look less risky than the shifted one. The exps of a softmax (of s - max) are not such.
+        self.given = {n for c, enodes in snap.classes.items()
+                      if any(m in as_written and self._may_overflow(m) for m in enodes) for n in enodes}
+
+    def _may_overflow(self, n: ENode) -> bool:
+        return n.op == "un" and n.lits[0] in ("exp", "exp2") and not self.snap.flag("nonpositive", n.kids[0])
 
     def node(self, n: ENode) -> tuple:
         if n in self.memo:
@@ -90,7 +100,7 @@ class Analyses:
             if n.op in ("un", "bin"):
                 fn = n.lits[0]
                 own *= OP_WORK.get(fn, 1.0)
-                risks = int(fn in ("exp", "exp2") and not snap.flag("nonpositive", n.kids[0]))
+                risks = int(self._may_overflow(n) and n not in self.given)
                 # risks only in a pass that repairs: a running sum over the whole row's count (a repair across
                 # it cancels; the sum over the prefix's own count, a mean of the prefix, does not), and x - m
                 # with a maximum that is partial there (-inf until a block or chunk has an element above
@@ -183,8 +193,9 @@ def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device,
     long_axes = {a for a, e in spec.axes_.items() if not isinstance(e, int) or e > TILE_LIMIT}
     long_axes -= _nested_axes(spec.root_term, long_axes)
     snap = snapshot(sat.egraph)
-    known = Analyses(snap, weight, lambda t, key: set().union(*(i.free for i in sat.mirror.loads[(t, key)])))
     as_written = written(snap, spec.root_term)
+    known = Analyses(snap, weight, lambda t, key: set().union(*(i.free for i in sat.mirror.loads[(t, key)])),
+                     as_written)
     validation = Validation(spec)
     # several outputs: one kernel writes them all, not split into chunks (a combine step writes one output)
     for family in ("rolled", "unfused") + (() if spec.also else ("split",)):

@@ -22,7 +22,10 @@ import torch  # noqa: E402
 import triton.testing  # noqa: E402
 
 from bench import common  # noqa: E402
-from bench.suite.masks import D, check, masks, written_in_place  # noqa: E402
+from bench.suite.masks import check, masks, written_in_place  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from per_call import case_tensors  # noqa: E402
 
 
 def dependent(module, on):
@@ -45,11 +48,7 @@ def main():
     for S in map(int, a.seqs.split(",")):
         table = masks(S, "cuda")
         for name in a.cases.split(","):
-            mask_mod, score_mod, hkv, *decode = table[name]
-            g = torch.Generator(device="cuda").manual_seed(S)
-            q = torch.randn(1, 32, decode[0] if decode else S, D, device="cuda", dtype=torch.float16, generator=g)
-            k = torch.randn(1, hkv, S, D, device="cuda", dtype=torch.float16, generator=g)
-            v = torch.randn_like(k)
+            mask_mod, score_mod, hkv, q, k, v = case_tensors(table[name], S)
 
             def call():
                 return flex.flex_attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, enable_gqa=hkv != 32)

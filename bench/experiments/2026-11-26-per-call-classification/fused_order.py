@@ -9,6 +9,8 @@ generated modules' text, document masks at S = 4096 / 16384 with the ids written
 - `pdl`: both kernels launched as programmatic dependent launches: the classifying kernel lets the attention
   kernel launch at its start, and each waits for the grid before it (griddepcontrol.wait) before its reads.
 Every variant's output is checked against float64 before it is timed (do_bench medians, microseconds).
+It patches modules generated before dependent launches landed (run it from a checkout of 3d97981); on later
+modules, whose kernels already take them, it stops: dependent_launch.py measures the landed change.
 """
 import argparse
 import re
@@ -22,8 +24,10 @@ import torch  # noqa: E402
 import triton.testing  # noqa: E402
 
 from bench import common  # noqa: E402
-from bench.suite.masks import D, check, masks, written_in_place  # noqa: E402
-from bench.tools.mask_breakdown import kernel_times  # noqa: E402
+from bench.suite.masks import masks  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from per_call import case_tensors, module_call, timed  # noqa: E402
 
 RANK = """
         n_rb_ = (L + BLOCK_I - 1) // BLOCK_I
@@ -51,6 +55,8 @@ RANK = """
 def variant(module, rank, pdl, keys=2048):
     from neptune_eqsat.runtime.loader import load_module
     text = Path(module.__file__).read_text()
+    if "DEPENDENT: tl.constexpr" in text:
+        sys.exit("these modules launch as dependents already: run dependent_launch.py, or this from 3d97981")
     if rank:
         text, n = re.subn(r"    if tl\.atomic_add\(tickets_ptr, 1\) == tl\.num_programs\(0\) - 1:\n.*\n.*\n",
                           "", text)
@@ -84,11 +90,7 @@ def main():
     for S in map(int, a.seqs.split(",")):
         table = masks(S, "cuda")
         for name in a.cases.split(","):
-            mask_mod, score_mod, hkv = table[name]
-            g = torch.Generator(device="cuda").manual_seed(S)
-            q = torch.randn(1, 32, S, D, device="cuda", dtype=torch.float16, generator=g)
-            k = torch.randn(1, hkv, S, D, device="cuda", dtype=torch.float16, generator=g)
-            v = torch.randn_like(k)
+            mask_mod, score_mod, hkv, q, k, v = case_tensors(table[name], S)
             flex.flex_attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, enable_gqa=hkv != 32)
             flex.wait_for_compiles() if hasattr(flex, "wait_for_compiles") else None
             data = [c.cell_contents for c in mask_mod.__closure__ if isinstance(c.cell_contents, torch.Tensor)]
@@ -104,17 +106,9 @@ def main():
                 module = compiled.module if not (rank or pdl or keys != 2048) else variant(compiled.module, rank,
                                                                                            pdl, keys)
                 config = {"ROW_ORDER": 1, "launch_pdl": True} if pdl else {"ROW_ORDER": 1}
-
-                def fn(module=module, config=config, write=write):
-                    if write:
-                        for t in captures:
-                            written_in_place(t)
-                    return module.forward(q, k, v, *captures, config=config)
-                err, ok = check(fn(), q, k, v, mask_mod, score_mod)
-                assert ok, (name, S, label, err)
-                ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-                build = sum(us for n, us in kernel_times(fn, 30).items() if "_blocks" in n)
-                line += f"  {label} {ms * 1e3:7.1f} ({build:4.1f})"
+                fn = module_call(module, (q, k, v, *captures), config, captures if write else ())
+                us, build = timed(fn, q, k, v, mask_mod, score_mod, (name, S, label))
+                line += f"  {label} {us:7.1f} ({build:4.1f})"
             print(line, flush=True)
 
 

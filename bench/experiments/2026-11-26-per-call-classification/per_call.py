@@ -48,6 +48,32 @@ def unordered(module, warps=4, keys=2048):
     return load_module(text, Path(module.__file__).stem + f"_unordered_{warps}_{keys}")
 
 
+def case_tensors(entry, S):
+    """(mask_mod, score_mod, kv heads, q, k, v) of a table entry of bench.suite.masks at length S."""
+    mask_mod, score_mod, hkv, *decode = entry
+    g = torch.Generator(device="cuda").manual_seed(S)
+    q = torch.randn(1, 32, decode[0] if decode else S, D, device="cuda", dtype=torch.float16, generator=g)
+    k = torch.randn(1, hkv, S, D, device="cuda", dtype=torch.float16, generator=g)
+    return mask_mod, score_mod, hkv, q, k, torch.randn_like(k)
+
+
+def module_call(module, inputs, config, written=()):
+    """A call of the module's forward, the tensors `written` written in place before it (new data)."""
+    def fn():
+        for t in written:
+            written_in_place(t)
+        return module.forward(*inputs, config=config)
+    return fn
+
+
+def timed(fn, q, k, v, mask_mod, score_mod, what):
+    """fn's output checked against float64, then its do_bench median (us) and its classifying kernels' time."""
+    err, ok = check(fn(), q, k, v, mask_mod, score_mod)
+    assert ok, (what, err)
+    ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+    return ms * 1e3, sum(us for n, us in kernel_times(fn, 30).items() if "_blocks" in n)
+
+
 @triton.jit
 def _nothing(x_ptr):
     pass
@@ -79,11 +105,7 @@ def main():
         table = masks(S, "cuda")
         table["global_flags"] = global_flags(S)
         for name in a.cases.split(","):
-            mask_mod, score_mod, hkv, *decode = table[name]
-            g = torch.Generator(device="cuda").manual_seed(S)
-            q = torch.randn(1, 32, decode[0] if decode else S, D, device="cuda", dtype=torch.float16, generator=g)
-            k = torch.randn(1, hkv, S, D, device="cuda", dtype=torch.float16, generator=g)
-            v = torch.randn_like(k)
+            mask_mod, score_mod, hkv, q, k, v = case_tensors(table[name], S)
             flex.flex_attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, enable_gqa=hkv != 32)
             data = [c.cell_contents for c in (mask_mod.__closure__ or ()) if isinstance(c.cell_contents, torch.Tensor)]
             plan = flex._plan(score_mod, mask_mod, None, hkv != 32)
@@ -99,17 +121,9 @@ def main():
                 config = {"ROW_ORDER": order} if "ROW_ORDER" in module.CONFIG else None
                 if config is None and label.endswith("natural"):
                     continue
-
-                def fn(module=module, config=config, write=write):
-                    if write:
-                        for t in captures:
-                            written_in_place(t)
-                    return module.forward(q, k, v, *captures, config=config)
-                err, ok = check(fn(), q, k, v, mask_mod, score_mod)
-                assert ok, (name, S, label, err)
-                ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-                build = sum(us for n, us in kernel_times(fn, 30).items() if "_blocks" in n)
-                line += f"  {label} {ms * 1e3:8.1f} us ({build:5.2f})"
+                fn = module_call(module, (q, k, v, *captures), config, captures if write else ())
+                us, build = timed(fn, q, k, v, mask_mod, score_mod, (name, S, label))
+                line += f"  {label} {us:8.1f} us ({build:5.2f})"
             print(line, flush=True)
 
 
