@@ -166,13 +166,6 @@ def builder_call(table: BlockTable, w, cfg: str, blocks: tuple[str, str] | None 
     return f"    {p}, {p}_skewed, {p}_partial_share = _block_table(rec, {table.builder}, {consts}, {tensors})"
 
 
-def dependent_line(w, cfg: str) -> list[str]:
-    """The launcher line making the kernel a dependent launch where it reads lists rebuilt at a call."""
-    if "DEPENDENT" not in w.constexprs:
-        return []
-    return [f"    {cfg}['DEPENDENT'] = {cfg}['launch_pdl'] = _dependent_launch(device)"]
-
-
 def kernel_lines(table: BlockTable, w) -> tuple[list[str], list[str], list[str], list[str]]:
     """(lines locating the program's lists, the partial loop header, the full loop header, the header of one
     loop over both lists, partial blocks first: a first call's quick kernel runs the masked body over it)."""

@@ -167,8 +167,11 @@ def _call_args(params: list[str]) -> str:
 def _launch(w: KernelWriter, grid: str, cfg: str) -> list[str]:
     blocks = [f"{cfg}[{b!r}]" for b in w.constexprs]
     consts = ", ".join(blocks) + ("," if len(blocks) == 1 else "")
-    return [f"    _launch(rec, {w.name}_kernel, ({grid}), (", f"        {_call_args(w.params)},",
-            f"    ), {cfg}, ({consts}))"]
+    # a kernel reading block lists rebuilt at a call launches as a dependent of the kernel building them
+    dependent = [f"    {cfg}['DEPENDENT'] = {cfg}['launch_pdl'] = _dependent_launch(device)"] \
+        if "DEPENDENT" in w.constexprs else []
+    return dependent + [f"    _launch(rec, {w.name}_kernel, ({grid}), (", f"        {_call_args(w.params)},",
+                        f"    ), {cfg}, ({consts}))"]
 
 
 def _descriptor_lines(w: KernelWriter, cfg: str) -> list[str]:
@@ -235,8 +238,7 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
                  (f"{name}_combine_kernel", _length_params(cw, cw.params))]
         # the block lists are built before the partial-results kernel launches (after the output's allocation)
         at = launch.index(out_alloc)
-        launch[at + 1:at + 1] = [blocks.builder_call(t, w, "kernel_cfg") for t in w.tables.values()] + \
-            blocks.dependent_line(w, "kernel_cfg")
+        launch[at + 1:at + 1] = [blocks.builder_call(t, w, "kernel_cfg") for t in w.tables.values()]
         split_entry_src = split_entry.entry_points(launch, combine_launch, plan.combine, out_alloc)
         launch = launch + ["    if not in_kernel:"] + ["    " + x for x in combine_launch]
         helpers = blocks.helpers_source(w)
@@ -268,8 +270,7 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
         if sched.streams_rows:   # BLOCK 0: the launcher sizes the loop block to the row (whole_row_lines)
             gpu[f"BLOCK_{sched.loop.upper()}"] = 0
             whole_row = whole_row_lines(f"BLOCK_{sched.loop.upper()}", w.ext(sched.loop))
-        launch = [out_alloc] + whole_row + [blocks.builder_call(t, w, "cfg") for t in tables] + \
-            blocks.dependent_line(w, "cfg") + order + \
+        launch = [out_alloc] + whole_row + [blocks.builder_call(t, w, "cfg") for t in tables] + order + \
             [f"    cfg[{c!r}] = int(bool(cfg[{c!r}]) and {w.ext(sched.loop)} % cfg['BLOCK_{sched.loop.upper()}'] == 0)"
              for c in even] + _descriptor_lines(w, "cfg") + _launch(w, grid, "cfg")
         helpers += blocks.helpers_source(w)

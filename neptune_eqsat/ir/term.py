@@ -48,6 +48,7 @@ INT_DTYPES = ("bool", "i8", "u8", "i16", "i32", "i64")
 DTYPES = FLOAT_DTYPES + INT_DTYPES
 TORCH_NAMES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64", "bool": "bool",
                "i8": "int8", "u8": "uint8", "i16": "int16", "i32": "int32", "i64": "int64"}
+DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "bool": 1, "i8": 1, "u8": 1, "i16": 2, "i32": 4, "i64": 8}
 
 
 @dataclass(frozen=True)

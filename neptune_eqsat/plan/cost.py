@@ -22,7 +22,6 @@ from neptune_eqsat.ir import Term
 from neptune_eqsat.plan.schedule import Schedule
 from neptune_eqsat.runtime.configs import split_count
 
-DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "bool": 1, "i8": 1, "u8": 1, "i16": 2, "i32": 4, "i64": 8}
 TRANSCENDENTAL = set(ops.named("un", transcendental=True))
 # an fp32 atomic add into global memory, priced as this many bytes moved per byte added (read, add, write
 # back in L2)
@@ -181,7 +180,7 @@ def plan_cost(sched: Schedule, sizes: dict[str, int], device: Device | None = No
         for t in values:
             n = elems(t) * times
             if t.op == "load":
-                tot["bytes"] += n * DTYPE_BYTES[spec.inputs[t.attrs[0]].dtype]
+                tot["bytes"] += n * ir.DTYPE_BYTES[spec.inputs[t.attrs[0]].dtype]
             elif ir.is_reduction(t) and t.attrs[0] == "sum" and _is_product(t.args[0], t.attrs[1]):
                 tot["mma"] += 2 * n * tile(t.attrs[1])
             elif t.op == "un" and t.attrs[0] in TRANSCENDENTAL:
@@ -218,8 +217,8 @@ def plan_cost(sched: Schedule, sizes: dict[str, int], device: Device | None = No
     else:
         charge([t for t in out_values if not t.free & {sched.loop}], rows_programs)
     out_elems = math.prod(ext(a) for a in spec.output_axes)
-    tot["bytes"] += out_elems * DTYPE_BYTES[spec.output_dtype]
-    tot["bytes"] += sum(math.prod(ext(a) for a in o.axes) * DTYPE_BYTES[o.dtype] for k, o in enumerate(spec.also)
+    tot["bytes"] += out_elems * ir.DTYPE_BYTES[spec.output_dtype]
+    tot["bytes"] += sum(math.prod(ext(a) for a in o.axes) * ir.DTYPE_BYTES[o.dtype] for k, o in enumerate(spec.also)
                         if k not in sched.accumulated)
     compute = tot["mma"] / device.matrix_flops + tot["vec"] / device.vector_ops + tot["sfu"] / device.special_ops
     memory = tot["bytes"] / device.bandwidth
