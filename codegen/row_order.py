@@ -1,5 +1,7 @@
-"""The ordering step of a classifying kernel (block_kernel.py): after the block lists, the last program to finish
-ranks the row blocks by their work, so that the kernel reading the lists runs the longest first."""
+"""The ordering step of a classifying kernel (block_kernel.py, block_pairs.py): after the block lists, the row
+blocks ranked by their work, so that the kernel reading the lists runs the longest first. _order_row_blocks
+reads the work back from the lists (the last program to finish, after every entry's lists); _rank_row_blocks
+takes it in registers (one program that classified every row block of the only entry)."""
 
 ORDER_SOURCE = '''@triton.jit
 def _order_row_blocks(out_ptr, n_entries, n_rb, n_kb, ORDER_CHUNK: tl.constexpr):
@@ -34,4 +36,17 @@ def _order_row_blocks(out_ptr, n_entries, n_rb, n_kb, ORDER_CHUNK: tl.constexpr)
             rank += tl.sum(ahead.to(tl.int32), axis=1)
         tl.store(order + rank, rows, mask=live)
     tl.store(order + n_rb, (most.to(tl.float32) > 4.0 * total.to(tl.float32) / n_rb).to(tl.int32))
+
+
+@triton.jit
+def _rank_row_blocks(order, work, rows, n_rb):
+    """The order and skew flag of _order_row_blocks from the work of each row block in registers (rows: every
+    index of the padded block count, those past n_rb ignored)."""
+    live = rows < n_rb
+    mine = tl.where(live, work, -1)
+    ahead = (mine[None, :] > mine[:, None]) | ((mine[None, :] == mine[:, None]) & (rows[None, :] < rows[:, None]))
+    tl.store(order + tl.sum(ahead.to(tl.int32), axis=1), rows, mask=live)
+    total = tl.sum(tl.where(live, work, 0), axis=0)
+    tl.store(order + n_rb, (tl.max(mine, axis=0).to(tl.float32) > 4.0 * total.to(tl.float32) / n_rb).to(tl.int32))
+    tl.store(order + n_rb + 1 + rows, work, mask=live)
 '''

@@ -14,7 +14,7 @@ import torch
 from hypothesis import assume, given, settings, strategies as st
 
 from conftest import DEVICE
-from neptune_eqsat.codegen import block_kernel, blocks, intervals, module, row_order
+from neptune_eqsat.codegen import block_emitter, block_kernel, blocks, intervals, module, row_order
 from neptune_eqsat.codegen.masks import evaluate
 from neptune_eqsat import ir
 from neptune_eqsat.runtime.loader import load_module
@@ -88,8 +88,9 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 def build_lists(pred: ir.Term, L: int, S: int, bm: int, bn: int, tensors: dict, kind: str = "torch",
                 grid: tuple = None) -> np.ndarray:
-    """The flat block lists from the generated builder of `kind`: "torch" (intervals.py) or "kernel"
-    (block_kernel.py, one Triton launch)."""
+    """The flat block lists from the generated builder of `kind`: "torch" (intervals.py), "kernel" (one Triton
+    launch, which at these sizes is block_pairs.py's one program per grid value) or "kernel-rows" (block_kernel.py's
+    program per row block, as at long lengths)."""
     grid = (("h",) if "h" in pred.free else ()) if grid is None else grid
     table = blocks.BlockTable(pred, "blocks0", "build", grid)
     if kind == "torch":
@@ -104,7 +105,8 @@ def build_lists(pred: ir.Term, L: int, S: int, bm: int, bn: int, tensors: dict, 
     used = [tensors[n] for n in table.tensors]
     sizes = {"L": L, "S": S, str(H): H}
     device = torch.empty(0, device="cpu" if kind == "torch" else DEVICE).device   # (cuda with its index)
-    return build(bm, bn, device, *[sizes[s] for s in _sizes(table)], *used).cpu().numpy()
+    forced = {"kernel-rows": {"one_program": False}, "kernel": {"one_program": True}}.get(kind, {})
+    return build(bm, bn, device, *[sizes[s] for s in _sizes(table)], *used, **forced).cpu().numpy()
 
 
 def classify(pred: ir.Term, L: int, S: int, bm: int, bn: int, tensors: dict, kind: str = "torch") -> np.ndarray:
@@ -198,18 +200,22 @@ def test_the_classifying_kernel_is_sound_and_agrees_with_the_torch_builder(pred,
     where every read is at exact indices, the same classes and row order as the torch builder."""
     tensors = random_tensors(seed)
     got = check_sound(pred, L, S, bm, bn, tensors, "kernel")
+    n_rb, n_kb = -(-L // bm), -(-S // bn)
+    tail = (H if "h" in pred.free else 1) * n_rb * 2 * (n_kb + 1)
+    order_skew_and_work = slice(tail, tail + 2 * n_rb + 1)
+    # the two kernels run the same interval lines: the same classes, order and work (ids here are exact)
+    assert (check_sound(pred, L, S, bm, bn, tensors, "kernel-rows") == got).all()
+    assert (build_lists(pred, L, S, bm, bn, tensors, "kernel")[order_skew_and_work] ==
+            build_lists(pred, L, S, bm, bn, tensors, "kernel-rows")[order_skew_and_work]).all()
     if _reads_exactly(pred):
         assert (got == classify(pred, L, S, bm, bn, tensors)).all()
-        n_rb, n_kb = -(-L // bm), -(-S // bn)
-        entries = (H if "h" in pred.free else 1) * n_rb
-        tail = entries * 2 * (n_kb + 1)
         torch_lists = build_lists(pred, L, S, bm, bn, tensors)
         kernel_lists = build_lists(pred, L, S, bm, bn, tensors, "kernel")
         order_and_skew = slice(tail, tail + n_rb + 1)
         assert (kernel_lists[order_and_skew] == torch_lists[order_and_skew]).all(), "row order or skew flag differs"
 
 
-@pytest.mark.parametrize("kind", ["torch", "kernel"])
+@pytest.mark.parametrize("kind", ["torch", "kernel", "kernel-rows"])
 def test_document_mask_skips_other_documents_and_runs_inner_blocks_unmasked(kind):
     doc = torch.tensor([0] * 16 + [1] * 24 + [2] * 8).float()
     i, j = ir.axis("i"), ir.axis("j")
@@ -226,8 +232,8 @@ def test_ids_past_float64s_integers_leave_every_block_partial():
     doc = 2 ** 60 + torch.tensor([0] * 16 + [1] * 24 + [2] * 8)
     i, j = ir.axis("i"), ir.axis("j")
     pred = ir.bin("and", ir.bin("eq", ir.load("doc", i), ir.load("doc", j)), ir.bin("ge", i, j))
-    cls = check_sound(pred, 48, 48, 8, 8, {"doc": doc}, "kernel")[0]
-    assert (cls == 1).all()
+    for kind in ("kernel", "kernel-rows"):
+        assert (check_sound(pred, 48, 48, 8, 8, {"doc": doc}, kind)[0] == 1).all()
 
 
 def test_prefix_or_causal_mask_is_full_on_the_prefix():
@@ -249,7 +255,7 @@ def test_a_range_minimum_query_answers_intervals_of_any_length():
             assert got_lo[r, k] == seg.min() and got_hi[r, k] == seg.max()
 
 
-@pytest.mark.parametrize("kind", ["torch", "kernel"])
+@pytest.mark.parametrize("kind", ["torch", "kernel", "kernel-rows"])
 def test_the_row_order_starts_with_the_most_work_and_flags_skew(kind):
     """Global tokens: the first row block sees every key, the others a band: it comes first in the order, and
     the work is flagged skewed (programs then start it in every head first); a band alone is not skewed."""
@@ -286,7 +292,7 @@ def test_integer_masks_are_classified_soundly_and_skip_something(name):
         assert (cls != 1).any(), "every block partial: the classification proved nothing"
 
 
-@pytest.mark.parametrize("kind", ["torch", "kernel"])
+@pytest.mark.parametrize("kind", ["torch", "kernel", "kernel-rows"])
 @pytest.mark.parametrize("edge", ["ge", "lt"])
 def test_a_value_rounded_differently_in_float32_is_not_put_on_one_side_of_a_comparison(kind, edge):
     """tanh(19) is 1 in float32 (and numpy) but 1 - 2^-53 in float64 libm: a block whose keys sit on that edge
@@ -298,11 +304,11 @@ def test_a_value_rounded_differently_in_float32_is_not_put_on_one_side_of_a_comp
 
 
 def test_the_kernel_widens_rounded_operations_as_the_torch_runtime_does():
-    assert (block_kernel._ROUNDED, block_kernel._ROUNDING, block_kernel._FLT_EDGE) == \
+    assert (block_emitter._ROUNDED, block_emitter._ROUNDING, block_emitter._FLT_EDGE) == \
         (intervals._ROUNDED, intervals._ROUNDING, intervals._FLT_EDGE)
 
 
-@pytest.mark.parametrize("kind", ["torch", "kernel"])
+@pytest.mark.parametrize("kind", ["torch", "kernel", "kernel-rows"])
 def test_a_value_that_may_be_nan_keeps_every_comparison_open(kind):
     """sqrt(-j) is NaN for j > 0, and NaN < i is false, so not(sqrt(-j) < i) keeps those keys: the interval of
     a possibly-NaN value is the whole line, and arithmetic on it stays there."""
@@ -313,7 +319,7 @@ def test_a_value_that_may_be_nan_keeps_every_comparison_open(kind):
     check_sound(pred, 2, 6, 2, 4, {}, kind)   # abs(NaN) >= 0 is false too
 
 
-@pytest.mark.parametrize("kind", ["torch", "kernel"])
+@pytest.mark.parametrize("kind", ["torch", "kernel", "kernel-rows"])
 def test_an_infinite_rounded_value_stays_infinite(kind):
     """recip(0) is inf: widening it for rounding must not make NaN of it (inf - inf), which an index would
     turn into a read far outside the tensor."""

@@ -37,9 +37,10 @@ def source(mask_mod, L, S):
 def test_kernels_reading_lists_rebuilt_at_a_call_wait_for_them(L):
     doc = torch.arange(64) // 10
     text = source(document_causal(doc, 64 - L), L, 64)
-    # the classifying kernel and the attention kernel (prefill) or split kernel (decode)
-    assert text.count("DEPENDENT: tl.constexpr") == 2
-    assert text.count("gdc_wait()") == 2 and text.count("gdc_launch_dependents()") == 1
+    # the classifying kernels (one program per grid value, or one per row block) and the attention kernel
+    # (prefill) or split kernel (decode)
+    assert text.count("DEPENDENT: tl.constexpr") == 3
+    assert text.count("gdc_wait()") == 3 and text.count("gdc_launch_dependents()") == 2
     assert "['launch_pdl'] = _dependent_launch(device)" in text
 
 
