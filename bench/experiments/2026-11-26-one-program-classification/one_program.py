@@ -11,6 +11,9 @@ checked against float64 first. A kernel that fails to compile at a length is rep
 `--warps 4,16` adds the one-program kernel with other warp counts (the module's text patched, called directly).
 First it prints the floor of any one-program kernel at each length: one program of 8 warps that reads the ids
 (int32, one load) and writes as many int32 as the lists take (one store), timed the same way.
+`--floor` adds the variant `floor`: the module's builders replaced by that least kernel, launched as the
+classifying kernel is (a dependent launch, recorded for replay), which reads the ids and copies the lists the
+real builder made once: what any separate classifying kernel costs a call.
 """
 import argparse
 import functools
@@ -26,6 +29,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 import triton.testing  # noqa: E402
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
 
 from bench import common  # noqa: E402
 from bench.suite.masks import check, masks, written_in_place  # noqa: E402
@@ -34,9 +38,11 @@ from per_call import case_tensors, global_flags  # noqa: E402
 
 
 def forced(module, builders, one_program):
-    """The module's classifying builders called with `one_program`, its replays and block lists dropped."""
+    """The module's classifying builders called with `one_program` (or replaced, where it is a dict of
+    builders), its replays and block lists dropped."""
     for name, build in builders.items():
-        setattr(module, name, functools.partial(build, one_program=one_program))
+        setattr(module, name, one_program[name] if isinstance(one_program, dict)
+                else functools.partial(build, one_program=one_program))
     for table in ("_REPLAYS", "_SEEN_ONCE", "_BUILDS", "_SEEN"):
         getattr(module, table).clear()
 
@@ -46,6 +52,41 @@ def _read_and_write(ids_ptr, out_ptr, S, ROWS: tl.constexpr, COLS: tl.constexpr)
     at = tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
     ids = tl.load(ids_ptr + at, mask=at < S, other=0)
     tl.store(out_ptr + at, ids + 1, mask=at < S)
+
+
+@triton.jit
+def _copy_lists(ids_ptr, lists_ptr, out_ptr, S, N, ROWS: tl.constexpr, COLS: tl.constexpr, N_PAD: tl.constexpr,
+                DEPENDENT: tl.constexpr):
+    if DEPENDENT:
+        gdc_wait()
+        gdc_launch_dependents()
+    at = tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
+    ids = tl.load(ids_ptr + at, mask=at < S, other=0)
+    slots = tl.arange(0, N_PAD)
+    lists = tl.load(lists_ptr + slots, mask=slots < N)
+    tl.store(out_ptr + slots, lists + tl.min(tl.min(ids, axis=1), axis=0) * 0, mask=slots < N)
+
+
+def floor_builders(module, builders):
+    """Builders that copy the lists their real builder made for the first tensors they saw, with a least
+    kernel reading the first tensor (the ids) as the classifying kernel would."""
+    made = {}
+
+    def floor_build(build, *args, rec=None, one_program=None):
+        ids = args[-1]
+        if build not in made:
+            made[build] = build(*args).clone()
+        lists = made[build]
+        lists = rec.constant(lists) if rec is not None else lists
+        out = module._empty(rec, lists.shape, lists.dtype, ids.device)
+        dependent = module._dependent_launch(ids.device)
+        rows, n_pad = triton.next_power_of_2(-(-ids.numel() // 128)), triton.next_power_of_2(lists.numel())
+        cfg = {"ROWS": rows, "COLS": 128, "N_PAD": n_pad, "DEPENDENT": dependent, "num_warps": 8, "num_stages": 1,
+               "launch_pdl": dependent}
+        module._launch(rec, _copy_lists, (1,), (ids, lists, out, ids.numel(), lists.numel()), cfg,
+                       (rows, 128, n_pad, dependent))
+        return out
+    return {n: functools.partial(floor_build, b) for n, b in builders.items()}
 
 
 def floor_us(S, block=128):
@@ -77,6 +118,7 @@ def main():
     ap.add_argument("--seqs", default="4096,8192,16384")
     ap.add_argument("--rounds", type=int, default=2, help="times to alternate the two kernels")
     ap.add_argument("--warps", default="", help="other warp counts of the one-program kernel")
+    ap.add_argument("--floor", action="store_true", help="add the least separate kernel as a variant")
     ap.add_argument("--cases", default="document_causal,document,document_causal_gqa_softcap,"
                                        "document_causal_decode_q1,document_causal_decode_q4,global_flags")
     a = ap.parse_args()
@@ -102,6 +144,8 @@ def main():
             captures = [flex._as_kernel_input(c, q.device) for c in data]
             variants = [("rows", module, False), ("pairs", module, True)]
             variants += [(f"pairs{w}", with_warps(module, int(w)), True) for w in a.warps.split(",") if w]
+            if a.floor:
+                variants.append(("floor", module, floor_builders(module, builders)))
             for _ in range(a.rounds):
                 for kind, mod, one in variants:
                     mod_builders = {n: getattr(mod, n) for n in builders} if mod is not module else builders
