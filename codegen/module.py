@@ -20,6 +20,7 @@ from .defaults import (COMBINE_CPU, COMBINE_GPU, CONTRACTION_LOOP_BLOCK, GLUON_C
 from .gluon import WarpSpecialized, lists_suit_gluon, match_warp_specialized, render_warp_specialized
 from .gluon_writer import CONSUMERS, ROWS, GluonWriter
 from .kernel import KernelWriter, grid_sizes, jit_decorator
+from .index_guards import guard_lines
 from .triton_kernel import kernel_source, outputs
 from . import split_entry
 
@@ -298,10 +299,12 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
     lengths = tuple(dict.fromkeys(d for _, shape in inputs_table.values() for d in shape
                                   if isinstance(d, str) and d not in free))
     derived = spec.derived
+    guards, guarded = guard_lines(spec)   # indices that sizes given at run time could take outside an input
+    dims_used = list(dict.fromkeys(list(dims_used) + guarded))
     bases = [derived[d][1] for d in dims_used if d in derived]
     dims_used = list(dict.fromkeys(list(dims_used) + bases))
     dims = "\n".join([f"    {d} = sizes[{d!r}]" for d in dims_used if d not in derived] +
-                     [f"    {d} = {derived[d][0]} * {derived[d][1]}" for d in dims_used if d in derived])
+                     [f"    {d} = {derived[d][0]} * {derived[d][1]}" for d in dims_used if d in derived] + guards)
     title = (spec.doc.splitlines() or [spec.name])[0]
     return MODULE.format(
         title=title, spec=spec.name, spec_file=spec_file, out_file=out_file,

@@ -31,6 +31,9 @@ def test_attention_spec_reads_as_math(tmp_path):
     ("y = x[r, j] + undefined_name\n", "t.py:6: NameError"),
     ("z = spec.input('z', 'int7', R)\n", "t.py:6: input z: unknown dtype"),
     ("", "no output"),
+    ("x2 = spec.input('x', f32, R, N)\n", "t.py:6: input x: declared twice"),
+    ("spec.output('y', f32, sum(j, x[r, j]), 'r')\n", "t.py:6: output y: 'r' is not an axis"),
+    ("y = x[r, j] ** 1.5\n", "t.py:6: x .. 1.5: the exponent must be an integer"),
 ])
 def test_bad_specs_name_the_line(tmp_path, body, message):
     with pytest.raises(SpecError, match=".*" + message.replace("(", r"\(").replace(")", r"\)")
@@ -41,3 +44,13 @@ def test_bad_specs_name_the_line(tmp_path, body, message):
 def test_missing_file_is_an_error():
     with pytest.raises(SpecError, match="no such spec file"):
         load_spec("specs/does_not_exist.py")
+
+
+def test_powers_and_pythons_bool(tmp_path):
+    """x ** n is n - 1 products (1 / x**-n below zero, sqrt at 0.5); Python's bool names the bool dtype."""
+    spec = load_spec(write(tmp_path, "m = spec.input('m', bool, R, N)\n"
+                                     "spec.output('y', f32, sum(j, where(m[r, j], x[r, j] ** 3 + x[r, j] ** -2 "
+                                     "+ x[r, j] ** 0.5 + x[r, j] ** 0, 0.0)), r)\n"))
+    assert spec.inputs["m"].dtype == "bool"
+    text = ir.show(spec.output_term)
+    assert "((x[r, j] * x[r, j]) * x[r, j])" in text and "(1 / (x[r, j] * x[r, j]))" in text and "sqrt(x[r, j])" in text

@@ -109,6 +109,20 @@ class Expr:
     def __ne__(self, o): return self._bin("ne", o)  # type: ignore[override]
     def __and__(self, o): return self._bin("and", o)
     def __or__(self, o): return self._bin("or", o)
+    def __pow__(self, p):
+        """x ** p for an integer p (repeated products, 1 / x**-p below zero) or p = 0.5 (sqrt)."""
+        if p == 0.5 and not isinstance(p, bool):
+            return Expr(Term("un", ("sqrt",), (self.term,), _origin()))
+        if not isinstance(p, int) or isinstance(p, bool) or abs(p) > 64:
+            raise _fail(f"x ** {p!r}: the exponent must be an integer (at most 64 in size) or 0.5; write "
+                        "exp(p * log(x)) for another power of a positive x")
+        if p == 0:
+            return _wrap(1.0)
+        out = self
+        for _ in range(abs(p) - 1):
+            out = out * self
+        return out if p > 0 else 1.0 / out
+
     def __neg__(self): return Expr(Term("un", ("neg",), (self.term,), _origin()))
     def __invert__(self): return Expr(Term("un", ("not",), (self.term,), _origin()))
     __hash__ = None  # type: ignore[assignment]
@@ -205,6 +219,9 @@ class Spec:
         return out[0] if len(out) == 1 else out
 
     def input(self, name: str, dtype: str, *shape: Extent, positive: bool = False, source: str = "") -> Tensor:
+        dtype = "bool" if dtype is bool else dtype   # Python's bool names the bool dtype too
+        if name in self.inputs:
+            raise _fail(f"input {name}: declared twice (each input needs a name of its own)")
         if dtype not in ir.DTYPES:
             raise _fail(f"input {name}: unknown dtype {dtype!r} (one of {', '.join(ir.DTYPES)})")
         for s in shape:
@@ -219,10 +236,10 @@ class Spec:
             raise _fail(f"output {name}: dtype {dtype!r} is not a floating-point dtype "
                         f"(one of {', '.join(ir.FLOAT_DTYPES)})")
         e = _wrap(value)
-        names = tuple(a.name for a in axes)
         for a in axes:
             if not isinstance(a, Axis):
-                raise _fail(f"output {name}: {a!r} is not an axis")
+                raise _fail(f"output {name}: {a!r} is not an axis (pass the axis objects spec.axes returned)")
+        names = tuple(a.name for a in axes)
         extra = e.term.free - set(names)
         if extra:
             raise _fail(f"output {name}: the value depends on axes {sorted(extra)} that are not output axes "

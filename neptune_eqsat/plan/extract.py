@@ -220,6 +220,9 @@ def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device,
         kind = "split" if "split" in ops else "rolled" if "roll" in ops else "unfused"
         if sched.split and (sched.writes_loop or sched.passes != 1):
             continue   # a split plan writes partial results once per chunk, after one pass
+        if sched.split and sched.row is None:   # its kernels tile rows: a reduction to one value runs rolled
+            sat.rejected.append("split: no row axis to tile (the output is one value per grid index)")
+            continue
         out.append(Candidate(kind, term, sched, plan_cost(sched, sizes, device)))
         packed = pack_group_rows(spec, term, sched.row, sched.loop) if sched.loop and not spec.also else None
         if packed is not None:

@@ -1,0 +1,108 @@
+"""Launcher lines that refuse a call whose sizes would make a kernel read outside an input.
+
+A kernel reads `x[r, j + 1]` with no bound check of its own: where the extents are sizes given at run time the
+spec cannot be checked when it is compiled (an index into a fixed extent is, frontend/spec.py), so each call
+checks them, from its sizes, before it launches. An index computed from positions and sizes alone is bounded
+by interval arithmetic over its axes; the check is emitted only where those intervals are exact (every axis
+read once, through operations that attain their bounds: sums, constant multiples, min, max, constant
+divisions and remainders, abs), so an index it reports out of range does leave the input at these sizes, and
+a call it lets through reads inside. Indices that read an input's values (`offsets[doc[i]]`) depend on those
+values: FlexAttention calls check them (frontend/bounds.py), exactly, per call.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from neptune_eqsat import ir
+from neptune_eqsat.ir import Term
+
+
+def _ext_code(ext) -> str:
+    return str(ext) if isinstance(ext, int) else ext.name
+
+
+def _interval(spec, t: Term) -> tuple[str, str] | None:
+    """Python expressions over the sizes for the least and the greatest value of t, or None where the
+    interval would not be exact."""
+    op, at, ar = t.op, t.attrs, t.args
+    if op == "axis":
+        return "0", f"({_ext_code(spec.extent(at[0]))} - 1)"
+    if op == "dim":
+        return at[0], at[0]
+    if op == "const":
+        return repr(at[0]), repr(at[0])
+    if op == "cast":
+        return _interval(spec, ar[0])
+    subs = [_interval(spec, a) for a in ar]
+    if None in subs:
+        return None
+    if op == "un" and at[0] == "neg":
+        (lo, hi), = subs
+        return f"(-{hi})", f"(-{lo})"
+    if op == "un" and at[0] == "abs":
+        (lo, hi), = subs
+        return f"(0 if {lo} <= 0 <= {hi} else min(abs({lo}), abs({hi})))", f"max(abs({lo}), abs({hi}))"
+    if op != "bin":
+        return None
+    fn, ((alo, ahi), (blo, bhi)) = at[0], subs
+    if fn == "add":
+        return f"({alo} + {blo})", f"({ahi} + {bhi})"
+    if fn == "sub":
+        return f"({alo} - {bhi})", f"({ahi} - {blo})"
+    if fn in ("min", "max"):
+        return f"{fn}({alo}, {blo})", f"{fn}({ahi}, {bhi})"
+    const = ar[1].attrs[0] if ar[1].op == "const" else None
+    if fn == "mul" and (ar[0].op == "const" or const is not None):
+        c, (lo, hi) = (const, (alo, ahi)) if const is not None else (ar[0].attrs[0], (blo, bhi))
+        return (f"({c!r} * {lo})", f"({c!r} * {hi})") if c >= 0 else (f"({c!r} * {hi})", f"({c!r} * {lo})")
+    if fn in ("floordiv", "mod") and const is not None and const > 0:
+        c = repr(const)
+        if fn == "floordiv":
+            return f"math.floor({alo} / {c})", f"math.floor({ahi} / {c})"
+        same = f"math.floor({alo} / {c}) == math.floor({ahi} / {c})"   # within one period: no wrap
+        return f"({alo} % {c} if {same} else 0)", f"({ahi} % {c} if {same} else {c} - 1)"
+    return None
+
+
+def _exact(t: Term) -> bool:
+    """Is every axis read once in t (so independent intervals attain their bounds together)?"""
+    counts = Counter(x.attrs[0] for x in _leaves(t) if x.op == "axis")
+    return all(n == 1 for n in counts.values())
+
+
+def _leaves(t: Term):
+    """Every leaf of t, once per occurrence (ir.walk visits a shared subterm once)."""
+    if not t.args:
+        yield t
+    for a in t.args:
+        yield from _leaves(a)
+
+
+def guard_lines(spec) -> tuple[list[str], list[str]]:
+    """Launcher lines (after the sizes are read) raising IndexError where an index of positions and sizes leaves
+    its input's dimension at the call's sizes; the sizes they read."""
+    lines, dims, seen = [], [], set()
+    for t in ir.walk(spec.root_term):
+        if t.op != "load" or t.attrs[0] not in spec.inputs:
+            continue
+        shape = spec.inputs[t.attrs[0]].shape
+        for pos, idx in enumerate(t.args):
+            if idx.op == "axis" and spec.extent(idx.attrs[0]) == shape[pos] or (t.attrs[0], pos, idx) in seen:
+                continue
+            seen.add((t.attrs[0], pos, idx))
+            if any(x.op == "load" for x in ir.walk(idx)) or not _exact(idx):
+                continue
+            bounds = _interval(spec, idx)
+            if bounds is None:
+                continue
+            used = [d.attrs[0] for d in ir.walk(idx) if d.op == "dim"] + \
+                [spec.extent(a).name for a in idx.free if not isinstance(spec.extent(a), int)]
+            if not used and isinstance(shape[pos], int):
+                continue   # fixed sizes only: checked when the spec was written
+            dims += used + ([] if isinstance(shape[pos], int) else [shape[pos].name])
+            what = f"{t.attrs[0]}: dimension {pos} is read at index {ir.show(idx)}"
+            lines += [f"    _lo, _hi, _n = {bounds[0]}, {bounds[1]}, {_ext_code(shape[pos])}",
+                      "    if _lo < 0 or _hi >= _n:",
+                      f"        raise IndexError({what!r} + f', which runs from {{_lo:g}} to {{_hi:g}} at these sizes, "
+                      f"outside the {{_n}} it has')"]
+    return lines, list(dict.fromkeys(dims))

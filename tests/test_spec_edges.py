@@ -1,0 +1,76 @@
+"""Specs at the edges of what the planner and the code generator assume: an output of one value (no row axis
+to tile), indices that run-time sizes push outside an input, and gradients spread evenly over an axis no
+gradient input carries. Each against float64."""
+import pytest
+import torch
+
+from conftest import DEVICE, assert_close, compiled, on_device
+from neptune_eqsat.spec import load_spec
+from neptune_eqsat.training import Differentiable
+
+HEADER = "from neptune_eqsat.spec import *\nspec = Spec('{name}')\n"
+
+
+def write(tmp_path, name: str, body: str) -> str:
+    path = tmp_path / f"{name}.py"
+    path.write_text(HEADER.format(name=name) + body)
+    return str(path)
+
+
+@pytest.mark.parametrize("name, body", [
+    ("vector_sum", "N = spec.dims(N=4096)\nj = spec.axes(j=N)\nx = spec.input('x', f32, N)\n"
+                   "spec.output('y', f32, sum(j, x[j]))\n"),
+    ("vector_logsumexp", "N = spec.dims(N=4096)\nj = spec.axes(j=N)\nx = spec.input('x', f16, N)\n"
+                         "m = max(j, x[j])\nspec.output('y', f32, m + log(sum(j, exp(x[j] - m))))\n"),
+    ("matrix_sum_of_squares", "R, N = spec.dims(R=512, N=512)\nr, j = spec.axes(r=R, j=N)\n"
+                              "x = spec.input('x', f32, R, N)\nspec.output('y', f32, sum(r, sum(j, x[r, j] * x[r, j])))\n"),
+])
+def test_an_output_of_one_value_compiles_and_matches(tmp_path, name, body):
+    """A reduction to a single value has no row axis for a split plan's tiles: it runs rolled (before, the code
+    generator failed on the split plan)."""
+    path = write(tmp_path, name, body)
+    sizes = {"N": 53} if "R" not in body else {"R": 7, "N": 37}
+    out, _ = assert_close(path, sizes)
+    assert out.shape == ()
+
+
+SHIFTED = "R, N, M = spec.dims(R=64, N=64, M=63)\nr, j = spec.axes(r=R, j=M)\nx = spec.input('x', f32, R, N)\n" \
+    "w = spec.input('w', f32, M)\nspec.output('y', f32, sum(j, x[r, j + 1] * w[j]), r)\n"
+
+
+def test_an_index_run_time_sizes_push_outside_an_input_is_refused(tmp_path):
+    """x[r, j + 1] with j over M reads inside x only where M + 1 <= N: a call with M = N raises before any
+    kernel runs (before, it read the next row's first element); one with M = N - 1 runs and matches."""
+    path = write(tmp_path, "shifted", SHIFTED)
+    assert_close(path, {"R": 3, "N": 37, "M": 36})
+    _, mod = compiled(path)
+    with pytest.raises(IndexError, match=r"x: dimension 1 is read at index \(j \+ 1\), which runs from 1 to 37 "
+                                         r"at these sizes, outside the 37 it has"):
+        on_device(mod.forward, torch.randn(3, 37), torch.randn(37))
+
+
+def test_a_gradient_spread_evenly_over_a_row_takes_its_size_from_an_input(tmp_path):
+    """d(mean_j x[r, j]) / dx = g[r] / N: the gradient kernel reads g only, whose shape lacks N (before, the
+    call failed with KeyError: 'N'); and cross-entropy with label smoothing, which has such a term."""
+    rows = write(tmp_path, "row_mean", "R, N = spec.dims(R=4096, N=4096)\nr, j = spec.axes(r=R, j=N)\n"
+                                       "x = spec.input('x', f32, R, N)\nspec.output('y', f32, sum(j, x[r, j]) / N, r)\n")
+    smooth = write(tmp_path, "smoothed_ce", "R, V = spec.dims(R=4096, V=32768)\nr, j = spec.axes(r=R, j=V)\n"
+                   "x = spec.input('x', f32, R, V)\nt = spec.input('t', i64, R)\nm = max(j, x[r, j])\n"
+                   "lse = m + log(sum(j, exp(x[r, j] - m)))\n"
+                   "spec.output('loss', f32, 0.9 * (lse - x[r, t[r]]) + 0.1 * (lse - sum(j, x[r, j]) / V), r)\n")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 41, generator=g) * 2
+    labels = torch.randint(0, 41, (3,), generator=g)
+    grad = torch.randn(3, generator=g, dtype=torch.float64)
+    cases = [(rows, (x,), lambda x: x.mean(1)),
+             (smooth, (x, labels), lambda x: torch.nn.functional.cross_entropy(x, labels, reduction="none",
+                                                                                label_smoothing=0.1))]
+    for path, inputs, reference in cases:
+        xs = inputs[0].clone().to(DEVICE).requires_grad_()
+        out = Differentiable(load_spec(path))(xs, *(t.to(DEVICE) for t in inputs[1:]))
+        out.backward(grad.float().to(DEVICE))
+        x64 = inputs[0].double().requires_grad_()
+        want = reference(x64)
+        want.backward(grad)
+        assert (out.detach().cpu().double() - want.detach()).abs().max() < 1e-4
+        assert (xs.grad.cpu().double() - x64.grad).abs().max() < 1e-4
