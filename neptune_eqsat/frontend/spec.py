@@ -13,6 +13,8 @@ Every expression remembers the spec line that wrote it, so errors name it.
 """
 from __future__ import annotations
 
+import functools
+
 import builtins
 import keyword
 import math
@@ -109,19 +111,14 @@ class Expr:
     def __ne__(self, o): return self._bin("ne", o)  # type: ignore[override]
     def __and__(self, o): return self._bin("and", o)
     def __or__(self, o): return self._bin("or", o)
-    def __pow__(self, p):
-        """x ** p for an integer p (repeated products, 1 / x**-p below zero) or p = 0.5 (sqrt)."""
+    def __pow__(self, p):   # x ** n: n - 1 products (1 / x ** -n below zero); x ** 0.5: sqrt
         if p == 0.5 and not isinstance(p, bool):
             return Expr(Term("un", ("sqrt",), (self.term,), _origin()))
         if not isinstance(p, int) or isinstance(p, bool) or abs(p) > 64:
             raise _fail(f"x ** {p!r}: the exponent must be an integer (at most 64 in size) or 0.5; write "
                         "exp(p * log(x)) for another power of a positive x")
-        if p == 0:
-            return _wrap(1.0)
-        out = self
-        for _ in range(abs(p) - 1):
-            out = out * self
-        return out if p > 0 else 1.0 / out
+        out = functools.reduce(lambda a, _: a * self, range(abs(p) - 1), self) if p else _wrap(1.0)
+        return out if p >= 0 else 1.0 / out
 
     def __neg__(self): return Expr(Term("un", ("neg",), (self.term,), _origin()))
     def __invert__(self): return Expr(Term("un", ("not",), (self.term,), _origin()))
