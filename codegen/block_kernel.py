@@ -107,9 +107,10 @@ def kernel_source(table, w, sizes: list[str]) -> str:
         "        return out.zero_()",
         f"    args = ({args},)",
         "    dependent = _dependent_launch(device)",
-        "    rb_pad, kb_pad = triton.next_power_of_2(n_rb), triton.next_power_of_2(n_kb)",
-        f"    if one_program if one_program is not None else max(rb_pad * BLOCK_ROW, kb_pad * BLOCK_LOOP) <= "
-        f"{block_pairs.ONE_PROGRAM_POSITIONS}:",
+        "    rb_pad, kb_pad = triton.next_power_of_2(max(n_rb, 1)), triton.next_power_of_2(max(n_kb, 1))",
+        # (no keys: no key block to classify, nor a key's value to read, which one program would read regardless)
+        f"    if n_kb and (one_program if one_program is not None else max(rb_pad * BLOCK_ROW, kb_pad * BLOCK_LOOP) "
+        f"<= {block_pairs.ONE_PROGRAM_POSITIONS}):",
         "        cfg = {'BLOCK_ROW': BLOCK_ROW, 'BLOCK_LOOP': BLOCK_LOOP, 'RB_PAD': rb_pad, 'KB_PAD': kb_pad, "
         f"'ORDER_CHUNK': {ORDER_CHUNK}, 'DEPENDENT': dependent, 'num_warps': {block_pairs.WARPS}, 'num_stages': 1, "
         "'launch_pdl': dependent}",

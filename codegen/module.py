@@ -303,8 +303,9 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
     dims_used = list(dict.fromkeys(list(dims_used) + guarded))
     bases = [derived[d][1] for d in dims_used if d in derived]
     dims_used = list(dict.fromkeys(list(dims_used) + bases))
-    dims = "\n".join([f"    {d} = sizes[{d!r}]" for d in dims_used if d not in derived] +
-                     [f"    {d} = {derived[d][0]} * {derived[d][1]}" for d in dims_used if d in derived] + guards)
+    bound = [f"    {d} = sizes[{d!r}]" for d in dims_used if d not in derived] + \
+        [f"    {d} = {derived[d][0]} * {derived[d][1]}" for d in dims_used if d in derived]
+    dims = "\n".join(bound + guards)
     title = (spec.doc.splitlines() or [spec.name])[0]
     return MODULE.format(
         title=title, spec=spec.name, spec_file=spec_file, out_file=out_file,
@@ -315,7 +316,8 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
         any_length=_any_length_source(twins), args=", ".join(inputs), first=inputs[0], dims=dims or "    pass",
         launch="\n".join(launch), result=result,
         doc=f"{spec.name}: inputs {', '.join(inputs)}; returns {', '.join([spec.output_name] + [o.name for o in spec.also])}.",
-        split_entry=split_entry_src.replace("@ARGS@", ", ".join(inputs)).replace("@DIMS@", dims or "    pass"),
+        split_entry=split_entry_src.replace("@ARGS@", ", ".join(inputs)).replace("@DIMS@", dims or "    pass")
+        .replace("@SIZES@", "\n".join(bound) or "    pass"),
     )
 
 

@@ -17,7 +17,7 @@ IDENTITY = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}
 
 
 def entry_points(launch: list[str], combine_launch: list[str], comb: Combine, out_alloc: str) -> str:
-    """Source of PARTIALS, forward_partials and combine (module.py fills in @ARGS@ and @DIMS@). `launch` is
+    """Source of PARTIALS, forward_partials and combine (module.py fills in @ARGS@, @DIMS@ and @SIZES@). `launch` is
     forward's launch code without the combine's launch, `combine_launch` the combine kernel's launch."""
     names = [p.name for p in comb.partials]
     table = tuple((p.name, p.reduction.attrs[0]) for p in comb.partials)
@@ -50,7 +50,7 @@ def entry_points(launch: list[str], combine_launch: list[str], comb: Combine, ou
         "    bound, device, cfg, rec = _setup(INPUTS, CONFIG, INTERPRETER_CONFIG, TUNED, TUNED_FOR, (@ARGS@,), config)",
         "    rec = None",
         "    sizes = {**bound, **(sizes or {})}",
-        "@DIMS@",
+        "@SIZES@",   # (no index guards: the combine reads partial results, not the inputs at computed indices)
         f"    {parts}, = partials",
         f"    {comb.chunk_dim} = {names[0]}.shape[0]",
         out_alloc,

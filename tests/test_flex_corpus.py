@@ -99,6 +99,15 @@ CASES = {
                     None),
     "bit_ops": (lambda s, b, h, q, kv: s + ((q >> (kv % 3)) ^ (kv << 1)) % 5, lambda b, h, q, kv: ((q ^ kv) & 4) == 0
                 | (~kv & 1).bool()),
+    # powers of negative bases (float and large integer exponents, reciprocals), a number to a traced power
+    # (ALiBi slopes), a traced base to a traced integral power (a negative base signed by the parity)
+    "powers": (lambda s, b, h, q, kv: s - 0.01 * (q - kv).float() ** 2.0 + (s * 0.5) ** 9 * 0.01
+               + 0.1 / (s ** -1 + 10.0) + 2 ** (-8.0 * (h + 1) / 2) * (kv - q)
+               + torch.pow((q - kv) * 0.25, (h + 1).float()) * 0.01, None),
+    # float to integer conversions truncate toward zero (T5's relative-position buckets), C's remainder, relu
+    "truncations": (lambda s, b, h, q, kv: s + (torch.log((q - kv).abs().float() + 1.0) * 2.3).long() * 0.25
+                    - torch.div(q - kv, 3, rounding_mode="trunc") * 0.125 + torch.fmod((q - kv) * 1.5, 2.0)
+                    + torch.relu(s - 0.5), None),
 }
 
 

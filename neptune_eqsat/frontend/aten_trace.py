@@ -23,6 +23,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from neptune_eqsat import ir
 from neptune_eqsat.ir import ops
 from neptune_eqsat.frontend import spec as S
+from neptune_eqsat.frontend.aten_math import (_clamp, _div, _exp2, _fmod, _gelu, _max, _min, _pow, _scalar,
+                                              _sign, _softplus, _unary)
 
 LN2 = math.log(2.0)
 
@@ -58,35 +60,6 @@ def _dtype(node) -> torch.dtype | None:
 
 def _is_float(dtype) -> bool:
     return dtype is not None and dtype.is_floating_point
-
-
-def _scalar(x):
-    return S._wrap(x) if isinstance(x, (int, float, bool, S.Expr)) else x
-
-
-def _max(a, b):   # elementwise (spec's max(j, x) with an axis first is a reduction)
-    return _scalar(a)._bin("max", b)
-
-
-def _min(a, b):
-    return _scalar(a)._bin("min", b)
-
-
-def _clamp(x, lo=None, hi=None):
-    x = _scalar(x)
-    if lo is not None:
-        x = _max(x, lo)
-    if hi is not None:
-        x = _min(x, hi)
-    return x
-
-
-def _div(a, b, rounding_mode=None):
-    if rounding_mode == "floor":
-        return _scalar(a) // b
-    if rounding_mode == "trunc":
-        raise Untranslatable("division rounded toward zero (rounding_mode='trunc') has no spec form")
-    return _scalar(a) / b
 
 
 def _power_of_two(k) -> int | None:
@@ -140,7 +113,9 @@ def _to(node, x, *args, **kwargs):
     source = _dtype(node.args[0]) if node.args and hasattr(node.args[0], "meta") else None
     target = _dtype(node)
     if _is_float(source) and target is not None and not target.is_floating_point:
-        raise Untranslatable(f"converts a float to {target} (truncation has no spec form)")
+        return _unary("trunc", x)   # toward zero, as torch converts
+    if _is_float(source) and target in (torch.float16, torch.bfloat16) and source.itemsize > target.itemsize:
+        return S.cast(x, "f16" if target == torch.float16 else "bf16")   # rounded, as torch rounds
     return x
 
 
@@ -152,44 +127,6 @@ def _integral(name: str):
             raise Untranslatable(f"{name} to {decimals or args[0]} decimals has no spec form")
         return _unary(name, x)
     return translate
-
-
-def _unary(fn: str, x):
-    return S.Expr(ir.un(fn, S._wrap(x).term))
-
-
-def _pow(a, k):
-    if isinstance(k, int) and 0 <= k <= 8:
-        out = S._wrap(1.0)
-        for _ in range(k):
-            out = out * a
-        return out
-    if k == 0.5:
-        return S.sqrt(a)
-    return S.exp(S.log(a) * k)
-
-
-def _exp2(a):
-    return _unary("exp2", a)
-
-
-def _sign(a):
-    a = _scalar(a)
-    return S.where(a > 0, 1.0, S.where(a < 0, -1.0, 0.0))
-
-
-def _softplus(a, beta=1.0, threshold=20.0):
-    """torch's softplus: log(1 + exp(beta a)) / beta, the input itself where beta a passes the threshold."""
-    scaled = _scalar(a) * beta
-    smooth = S.softplus(scaled)
-    return S.where(scaled > threshold, a, smooth if beta == 1 else smooth / beta)
-
-
-def _gelu(a, approximate="none"):
-    a = _scalar(a)
-    if approximate == "tanh":
-        return 0.5 * a * (1.0 + S.tanh(math.sqrt(2.0 / math.pi) * (a + 0.044715 * a * a * a)))
-    return 0.5 * a * (1.0 + S.erf(a / math.sqrt(2.0)))
 
 
 def _fill(value):
@@ -223,7 +160,7 @@ ATEN = {
     "log1p": lambda a: S.log(1.0 + _scalar(a)), "expm1": lambda a: S.exp(a) - 1.0,
     "softplus": _softplus, "silu": lambda a: _scalar(a) / (1.0 + S.exp(-_scalar(a))), "gelu": _gelu,
     "masked_fill": lambda a, mask, value: _where(mask, value, a),
-    "pow": _pow, "square": lambda a: _scalar(a) * a, "sign": _sign, "sgn": _sign,
+    "pow": _pow, "fmod": _fmod, "relu": lambda a: _max(a, 0.0), "square": lambda a: _scalar(a) * a, "sign": _sign, "sgn": _sign,
     "clamp": _clamp, "clip": _clamp,
     "clamp_min": lambda a, lo: _clamp(a, lo=lo), "clamp_max": lambda a, hi: _clamp(a, hi=hi),
     "maximum": _max, "minimum": _min, "fmax": _max, "fmin": _min,
