@@ -55,13 +55,19 @@ class _Emitter:
                 memo[t] = self.node(t, mode, self.loop in t.free)
         return memo[t]
 
+    def summary(self, ax) -> tuple[int, str]:
+        """The tile axis a block summary of `ax` reduces over, and the indexing that shapes it for the pairs:
+        here a row's values lie along axis 0 of a row block, a key's along axis 1 of a chunk of key blocks."""
+        return (0, "") if ax == self.row else (1, "")
+
     def blockwise(self, v, ax):
-        ok, axis = ("ok_i", 0) if ax == self.row else ("ok_j", 1)
+        ok = "ok_i" if ax == self.row else "ok_j"
+        axis, shape = self.summary(ax)
         in_loop = ax == self.loop
-        lo = self.new(f"tl.min(tl.where({ok}, tl.where({v[0]} == {v[0]}, {v[0]}, -{INF}), {INF}), axis={axis})",
-                      in_loop)
-        hi = self.new(f"tl.max(tl.where({ok}, tl.where({v[1]} == {v[1]}, {v[1]}, {INF}), -{INF}), axis={axis})",
-                      in_loop)
+        lo = self.new(f"tl.min(tl.where({ok}, tl.where({v[0]} == {v[0]}, {v[0]}, -{INF}), {INF}), "
+                      f"axis={axis}){shape}", in_loop)
+        hi = self.new(f"tl.max(tl.where({ok}, tl.where({v[1]} == {v[1]}, {v[1]}, {INF}), -{INF}), "
+                      f"axis={axis}){shape}", in_loop)
         return lo, hi
 
     def node(self, t: Term, mode, in_loop: bool):
@@ -292,3 +298,17 @@ def kernel_params(table, sizes: list[str]) -> tuple[list[str], list[str]]:
     tensor_params = [p for t in table.tensors for p in
                      [f"{t}_ptr"] + [f"{t}_n{k}" for k in range(ranks[t])] + [f"{t}_s{k}" for k in range(ranks[t])]]
     return tensor_params, sizes + [p for p in tensor_params if not p.endswith("_ptr")]
+
+
+# a classifying kernel launched as a programmatic dependent (runtime: _dependent_launch): it waits for the writes
+# of the kernel before it (the tensors' new values), then lets the kernel reading its lists launch, to wait in
+# its turn for these
+DEPENDENT_HEAD = ["if DEPENDENT:", "    gdc_wait()", "    gdc_launch_dependents()"]
+
+
+def class_lines(live: str, always: str, maybe: str, key_n: str) -> list[str]:
+    """is_full and is_partial per block pair from the predicate's truth interval: full where it always holds
+    over a whole key block and every id read is exact (`inexact`), partial where it may hold and the block is
+    not full; `live` marks the pairs that exist (`kbs`: the key block of each)."""
+    return [f"is_full = {_and(live, f'{always} == 1', f'kbs * BLOCK_LOOP + BLOCK_LOOP <= {key_n}', 'inexact == 0')}",
+            f"is_partial = {_and(live, _or(f'{maybe} != 0', 'inexact != 0'), 'is_full == 0')}"]

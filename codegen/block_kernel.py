@@ -18,7 +18,7 @@ from __future__ import annotations
 from neptune_eqsat import ir
 
 from . import block_pairs
-from .block_emitter import _and, _Emitter, _or, _ranks, kernel_params
+from .block_emitter import DEPENDENT_HEAD, _Emitter, _ranks, class_lines, kernel_params
 
 KB_CHUNK_ELEMENTS = 2048   # keys a program summarizes at once (KB_CHUNK key blocks of BLOCK_LOOP keys)
 ORDER_CHUNK = 64           # row blocks ranked at once by the last program
@@ -39,11 +39,7 @@ def kernel_source(table, w, sizes: list[str]) -> str:
         grid.append(f"g_{ax} = ((entry // {stride}) % {w.ext(ax)}).to(tl.float64)")
         stride = f"{stride} * {w.ext(ax)}"
     lines = [
-        # a dependent launch (runtime: _dependent_launch): wait for the writes of the kernel before (the
-        # tensors' new values), then let the kernel reading the lists launch, to wait in its turn for these
-        "if DEPENDENT:",
-        "    gdc_wait()",
-        "    gdc_launch_dependents()",
+        *DEPENDENT_HEAD,
         f"n_rb = ({row_n} + BLOCK_ROW - 1) // BLOCK_ROW",
         f"n_kb = ({key_n} + BLOCK_LOOP - 1) // BLOCK_LOOP",
         "pid = tl.program_id(0)",
@@ -69,8 +65,7 @@ def kernel_source(table, w, sizes: list[str]) -> str:
             "aj_lo = (kbs * BLOCK_LOOP).to(tl.float64)",
             f"aj_hi = tl.minimum(kbs * BLOCK_LOOP + BLOCK_LOOP - 1, {key_n} - 1).to(tl.float64)",
             *e.body,
-            f"is_full = {_and('kbs < n_kb', f'{always} == 1', f'kbs * BLOCK_LOOP + BLOCK_LOOP <= {key_n}', 'inexact == 0')}",
-            f"is_partial = {_and('kbs < n_kb', _or(f'{maybe} != 0', 'inexact != 0'), 'is_full == 0')}",
+            *class_lines("kbs < n_kb", always, maybe, key_n),
             "hit = is_partial.to(tl.int32)",
             "tl.store(lists + 1 + n_partial + tl.cumsum(hit, axis=0) - hit, kbs, mask=is_partial)",
             "n_partial += tl.sum(hit, axis=0)",

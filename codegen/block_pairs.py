@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from neptune_eqsat import ir
 
-from .block_emitter import INF, _and, _Emitter, _or, _ranks, kernel_params
+from .block_emitter import DEPENDENT_HEAD, _Emitter, _ranks, class_lines, kernel_params
 
 # positions a program summarizes at once along each axis (pads of the block counts times the block)
 ONE_PROGRAM_POSITIONS = 8192
@@ -24,14 +24,8 @@ WARPS = 8
 class _PairsEmitter(_Emitter):
     """The emitter with block summaries shaped for broadcasting: row blocks down, key blocks across."""
 
-    def blockwise(self, v, ax):
-        ok, expand = ("ok_i", "[:, None]") if ax == self.row else ("ok_j", "[None, :]")
-        in_loop = ax == self.loop
-        lo = self.new(f"tl.min(tl.where({ok}, tl.where({v[0]} == {v[0]}, {v[0]}, -{INF}), {INF}), axis=1){expand}",
-                      in_loop)
-        hi = self.new(f"tl.max(tl.where({ok}, tl.where({v[1]} == {v[1]}, {v[1]}, {INF}), -{INF}), axis=1){expand}",
-                      in_loop)
-        return lo, hi
+    def summary(self, ax) -> tuple[int, str]:   # positions of a block along axis 1 of a [blocks, BLOCK] tile
+        return 1, "[:, None]" if ax == self.row else "[None, :]"
 
 
 def kernel_source(table, w, sizes: list[str], grid_lines: list[str]) -> str:
@@ -42,9 +36,7 @@ def kernel_source(table, w, sizes: list[str], grid_lines: list[str]) -> str:
     tensor_params, ints = kernel_params(table, sizes)
     row_n, key_n = w.ext(w.row), w.ext(w.loop)
     lines = [
-        "if DEPENDENT:",   # as block_kernel's kernel: a programmatic dependent of the writes before it
-        "    gdc_wait()",
-        "    gdc_launch_dependents()",
+        *DEPENDENT_HEAD,
         f"n_rb = ({row_n} + BLOCK_ROW - 1) // BLOCK_ROW",
         f"n_kb = ({key_n} + BLOCK_LOOP - 1) // BLOCK_LOOP",
         "entry = tl.program_id(0)",
@@ -65,8 +57,7 @@ def kernel_source(table, w, sizes: list[str], grid_lines: list[str]) -> str:
         "inexact = tl.full([], 0, tl.int32)",
         *e.pre, *e.body,   # the row side never reads the key side, so this order is their dependencies'
         "live = tl.where(rbs < n_rb, kbs < n_kb, False)",
-        f"is_full = {_and('live', f'{always} == 1', f'kbs * BLOCK_LOOP + BLOCK_LOOP <= {key_n}', 'inexact == 0')}",
-        f"is_partial = {_and('live', _or(f'{maybe} != 0', 'inexact != 0'), 'is_full == 0')}",
+        *class_lines("live", always, maybe, key_n),
         "lists = out_ptr + (entry * n_rb + rbs).to(tl.int64) * (2 * n_kb + 2)",
         "heads = out_ptr + (entry * n_rb + rows).to(tl.int64) * (2 * n_kb + 2)",
         "listed = kbs + tl.zeros([RB_PAD, KB_PAD], tl.int32)",

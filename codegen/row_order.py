@@ -31,11 +31,9 @@ def _order_row_blocks(out_ptr, n_entries, n_rb, n_kb, ORDER_CHUNK: tl.constexpr)
         for sc in range(0, n_rb, ORDER_CHUNK):
             others = sc + tl.arange(0, ORDER_CHUNK)
             theirs = tl.load(work_at + others, mask=others < n_rb, other=-1)
-            ahead = (theirs[None, :] > mine[:, None]) | \\
-                ((theirs[None, :] == mine[:, None]) & (others[None, :] < rows[:, None]))
-            rank += tl.sum(ahead.to(tl.int32), axis=1)
+            rank += _ahead(mine, rows, theirs, others)
         tl.store(order + rank, rows, mask=live)
-    tl.store(order + n_rb, (most.to(tl.float32) > 4.0 * total.to(tl.float32) / n_rb).to(tl.int32))
+    tl.store(order + n_rb, _skewed(most, total, n_rb))
 
 
 @triton.jit
@@ -44,9 +42,22 @@ def _rank_row_blocks(order, work, rows, n_rb):
     index of the padded block count, those past n_rb ignored)."""
     live = rows < n_rb
     mine = tl.where(live, work, -1)
-    ahead = (mine[None, :] > mine[:, None]) | ((mine[None, :] == mine[:, None]) & (rows[None, :] < rows[:, None]))
-    tl.store(order + tl.sum(ahead.to(tl.int32), axis=1), rows, mask=live)
-    total = tl.sum(tl.where(live, work, 0), axis=0)
-    tl.store(order + n_rb, (tl.max(mine, axis=0).to(tl.float32) > 4.0 * total.to(tl.float32) / n_rb).to(tl.int32))
+    tl.store(order + _ahead(mine, rows, mine, rows), rows, mask=live)
+    tl.store(order + n_rb, _skewed(tl.max(mine, axis=0), tl.sum(tl.where(live, work, 0), axis=0), n_rb))
     tl.store(order + n_rb + 1 + rows, work, mask=live)
+
+
+@triton.jit
+def _ahead(mine, rows, theirs, others):
+    """For each row block of `rows` with work `mine`: how many of `others` (work `theirs`) come before it, by
+    more work, ties in row order."""
+    later = (theirs[None, :] == mine[:, None]) & (others[None, :] < rows[:, None])
+    ahead = (theirs[None, :] > mine[:, None]) | later
+    return tl.sum(ahead.to(tl.int32), axis=1)
+
+
+@triton.jit
+def _skewed(most, total, n_rb):
+    """1 where the most work of a row block is above 4 times the mean."""
+    return (most.to(tl.float32) > 4.0 * total.to(tl.float32) / n_rb).to(tl.int32)
 '''

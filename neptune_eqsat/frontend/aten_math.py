@@ -52,23 +52,17 @@ def _is_number(x) -> bool:
 def _pow(a, k):
     """torch.pow: an integral exponent as products (1 / a^-k below zero), 0.5 as sqrt; otherwise exp(k log a)
     for a positive base, a negative base with an integral exponent signed by its parity, NaN else (as torch)."""
-    if _is_number(k) and k == int(k) and abs(k) <= 64:
-        n = int(abs(k))
-        out = S._wrap(1.0) if n == 0 else _scalar(a)
-        for _ in range(n - 1):
-            out = out * a
-        return out if k >= 0 else 1.0 / out
-    if _is_number(k) and k == 0.5:
-        return S.sqrt(a)
+    if _is_number(k) and (k == 0.5 or k == int(k) and abs(k) <= 64):   # the spec's own powers
+        return _scalar(a) ** (0.5 if k == 0.5 else int(k))
+    k = _scalar(k)
     if _is_number(a):   # a number to a traced power (an ALiBi slope 2 ** (-8 h / H))
         if a > 0:
-            return S.exp(_scalar(k) * math.log(a))
+            return S.exp(k * math.log(a))
         a = S._wrap(float(a))
     magnitude = S.exp(S.log(S.abs(a)) * k)
-    integral = S.floor(_scalar(k)) == k
-    odd = S.where(_scalar(k) - 2.0 * S.floor(_scalar(k) * 0.5) == 1.0, -1.0, 1.0)
-    zero = S.where(_scalar(k) == 0.0, 1.0, S.where(_scalar(k) > 0.0, 0.0, S.inf))
-    negative = S.where(integral, odd * magnitude, S.nan)
+    odd = S.where(k - 2.0 * S.floor(k * 0.5) == 1.0, -1.0, 1.0)
+    zero = S.where(k == 0.0, 1.0, S.where(k > 0.0, 0.0, S.inf))
+    negative = S.where(S.floor(k) == k, odd * magnitude, S.nan)
     return S.where(_scalar(a) > 0.0, magnitude, S.where(_scalar(a) == 0.0, zero, negative))
 
 
