@@ -34,7 +34,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: 
 from bench import common  # noqa: E402
 from bench.suite.masks import check, masks, written_in_place  # noqa: E402
 from bench.tools.mask_breakdown import kernel_times  # noqa: E402
-from per_call import case_tensors, global_flags  # noqa: E402
+from per_call import flex_case, global_flags  # noqa: E402
 
 
 def forced(module, builders, one_program):
@@ -122,7 +122,6 @@ def main():
     ap.add_argument("--cases", default="document_causal,document,document_causal_gqa_softcap,"
                                        "document_causal_decode_q1,document_causal_decode_q4,global_flags")
     a = ap.parse_args()
-    import neptune_eqsat
     from neptune_eqsat import flex
     print(f"GPU: {common.gpu_name()}")
     for S in map(int, a.seqs.split(",")):
@@ -130,16 +129,9 @@ def main():
         table = masks(S, "cuda")
         table["global_flags"] = global_flags(S)
         for name in a.cases.split(","):
-            mask_mod, score_mod, hkv, q, k, v = case_tensors(table[name], S)
-
-            def call():
-                return flex.flex_attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, enable_gqa=hkv != 32)
-            call()
-            neptune_eqsat.wait_for_compiles()
-            module = flex._module_for(flex._plan(score_mod, mask_mod, None, hkv != 32), q, k, v).module
+            call, module, data, mask_mod, score_mod, q, k, v = flex_case(table[name], S)
             builders = {n: f for n, f in vars(module).items() if inspect.isfunction(f)
                         and "one_program" in inspect.signature(f).parameters}
-            data = [c.cell_contents for c in mask_mod.__closure__ if isinstance(c.cell_contents, torch.Tensor)]
             other = [t.clone() for t in data]
             captures = [flex._as_kernel_input(c, q.device) for c in data]
             variants = [("rows", module, False), ("pairs", module, True)]

@@ -18,14 +18,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
 import triton.testing  # noqa: E402
 
 from bench import common  # noqa: E402
 from bench.suite.masks import check, masks, written_in_place  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from per_call import case_tensors  # noqa: E402
+from per_call import flex_case  # noqa: E402
 
 
 def dependent(module, on):
@@ -42,20 +41,11 @@ def main():
     ap.add_argument("--cases", default="document_causal,document,document_causal_gqa_softcap,"
                                        "document_causal_decode_q1,document_causal_decode_q4")
     a = ap.parse_args()
-    import neptune_eqsat
-    from neptune_eqsat import flex
     print(f"GPU: {common.gpu_name()}")
     for S in map(int, a.seqs.split(",")):
         table = masks(S, "cuda")
         for name in a.cases.split(","):
-            mask_mod, score_mod, hkv, q, k, v = case_tensors(table[name], S)
-
-            def call():
-                return flex.flex_attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, enable_gqa=hkv != 32)
-            call()
-            neptune_eqsat.wait_for_compiles()
-            module = flex._module_for(flex._plan(score_mod, mask_mod, None, hkv != 32), q, k, v).module
-            data = [c.cell_contents for c in mask_mod.__closure__ if isinstance(c.cell_contents, torch.Tensor)]
+            call, module, data, mask_mod, score_mod, q, k, v = flex_case(table[name], S)
             other = [t.clone() for t in data]
             line = f"{name:<28} S={S:<6}"
             for on in (0, 1) * a.rounds:

@@ -57,6 +57,22 @@ def case_tensors(entry, S):
     return mask_mod, score_mod, hkv, q, k, torch.randn_like(k)
 
 
+def flex_case(entry, S):
+    """A table entry of bench.suite.masks through neptune_eqsat.flex_attention, compiled and waited for:
+    (call, its generated module, the tensors its mask captures, mask_mod, score_mod, q, k, v)."""
+    import neptune_eqsat
+    from neptune_eqsat import flex
+    mask_mod, score_mod, hkv, q, k, v = case_tensors(entry, S)
+
+    def call():
+        return flex.flex_attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, enable_gqa=hkv != 32)
+    call()
+    neptune_eqsat.wait_for_compiles()
+    module = flex._module_for(flex._plan(score_mod, mask_mod, None, hkv != 32), q, k, v).module
+    data = [c.cell_contents for c in mask_mod.__closure__ if isinstance(c.cell_contents, torch.Tensor)]
+    return call, module, data, mask_mod, score_mod, q, k, v
+
+
 def module_call(module, inputs, config, written=()):
     """A call of the module's forward, the tensors `written` written in place before it (new data)."""
     def fn():
