@@ -108,6 +108,19 @@ CASES = {
     "truncations": (lambda s, b, h, q, kv: s + (torch.log((q - kv).abs().float() + 1.0) * 2.3).long() * 0.25
                     - torch.div(q - kv, 3, rounding_mode="trunc") * 0.125 + torch.fmod((q - kv) * 1.5, 2.0)
                     + torch.relu(s - 0.5), None),
+    # activations torch composes from others, and operators of two or three values
+    "more_activations": (lambda s, b, h, q, kv: F.hardtanh(s, -0.5, 0.5) + F.relu6(s * 4.0) * 0.1 + F.elu(s)
+                         + F.leaky_relu(s, 0.2) + F.hardsigmoid(s) + F.hardswish(s) * 0.5 + F.mish(s) * 0.5
+                         + F.logsigmoid(s) + torch.special.erfc(s) * 0.3 + torch.sinh(s * 0.3) - torch.cosh(s * 0.2)
+                         + torch.addcmul(s, s, (q - kv).float(), value=0.01) + torch.lerp(s, torch.tanh(s), 0.7)
+                         + torch.logaddexp(s, (q - kv).abs() * -0.1) * 0.5
+                         + torch.xlogy(s, (q - kv).abs().float() + 1.0) * 0.1, None),
+    # tests of NaN, the infinities and the sign bit, and what replaces them
+    "float_classes": (lambda s, b, h, q, kv: torch.nan_to_num(torch.where(s > 1.0, math.inf, torch.where(
+                      s < -1.5, -math.inf, s)), posinf=2.0, neginf=-2.0) + torch.where(torch.isnan(torch.log(s)), 0.5, 0.0)
+                      + torch.where(torch.isinf(torch.where(kv > q, math.inf, s)), -1.0, 0.0)
+                      + torch.copysign(torch.ones_like(s) * 0.25, s) + torch.heaviside(s, torch.tensor(0.5)) * 0.2
+                      + torch.where(torch.signbit(s), 0.1, 0.0), lambda b, h, q, kv: ~torch.isnan(q.float()) & (q >= kv)),
 }
 
 

@@ -87,3 +87,100 @@ def _gelu(a, approximate="none"):
     if approximate == "tanh":
         return 0.5 * a * (1.0 + S.tanh(math.sqrt(2.0 / math.pi) * (a + 0.044715 * a * a * a)))
     return 0.5 * a * (1.0 + S.erf(a / math.sqrt(2.0)))
+
+
+# ---- tests of a value's class and their replacements (NaN, infinities, the sign bit) ---------------------------
+def _isnan(a):
+    return _scalar(a) != a   # true of NaN alone (the rules never fold x != x: it holds there)
+
+
+def _isinf(a, sign: int = 0):
+    a = _scalar(a)
+    if sign > 0:
+        return a == S.inf
+    if sign < 0:
+        return a == -S.inf
+    return S.abs(a) == S.inf
+
+
+def _nan_to_num(a, largest: float, nan=None, posinf=None, neginf=None):
+    """NaN to `nan` (0), +inf to `posinf` and -inf to `neginf` (by default the largest and the least finite
+    value of the input's dtype, `largest`)."""
+    a = _scalar(a)
+    a = S.where(a == S.inf, largest if posinf is None else posinf, a)
+    a = S.where(a == -S.inf, -largest if neginf is None else neginf, a)
+    return S.where(_isnan(a), 0.0 if nan is None else nan, a)
+
+
+def _signbit(a):
+    """The sign bit: below zero, or a zero whose reciprocal is -inf (-0.0)."""
+    a = _scalar(a)
+    return (a < 0.0) | ((a == 0.0) & (1.0 / a < 0.0))
+
+
+def _copysign(a, b):
+    return S.where(_signbit(b), -S.abs(a), S.abs(a))
+
+
+def _heaviside(a, at_zero):
+    a = _scalar(a)
+    return S.where(_isnan(a), a, S.where(a == 0.0, at_zero, S.where(a > 0.0, 1.0, 0.0)))
+
+
+# ---- compositions of the registry's ops ---------------------------------------------------------------------
+def _logaddexp(a, b, base_two: bool = False):
+    """log(e^a + e^b) as the larger plus softplus of minus the distance; a + log 2 where they are equal (both
+    infinite included, which the difference would make NaN)."""
+    a, b = _scalar(a), _scalar(b)
+    if base_two:   # log2(2^a + 2^b) = logaddexp(a ln 2, b ln 2) / ln 2
+        return _logaddexp(a * math.log(2.0), b * math.log(2.0)) / math.log(2.0)
+    return S.where(a == b, a + math.log(2.0), _max(a, b) + S.softplus(-S.abs(a - b)))
+
+
+def _log_sigmoid(a):
+    return -S.softplus(-_scalar(a)), None   # aten's forward returns (value, buffer)
+
+
+def _lerp(a, b, weight):
+    """torch.lerp's two forms: from the start below a weight of 1/2, from the end above (exact at both ends)."""
+    a, b = _scalar(a), _scalar(b)
+    if _is_number(weight):
+        return a + (b - a) * weight if abs(weight) < 0.5 else b - (b - a) * (1.0 - weight)
+    weight = _scalar(weight)
+    return S.where(S.abs(weight) < 0.5, a + (b - a) * weight, b - (b - a) * (1.0 - weight))
+
+
+def _hardtanh(a, lo=-1.0, hi=1.0):
+    return _clamp(a, lo, hi)
+
+
+def _elu(a, alpha=1.0, scale=1.0, input_scale=1.0):
+    a = _scalar(a)
+    return scale * S.where(a > 0.0, a, alpha * (S.exp(a * input_scale) - 1.0))
+
+
+def _leaky_relu(a, slope=0.01):
+    a = _scalar(a)
+    return S.where(a > 0.0, a, a * slope)
+
+
+def _hardsigmoid(a):
+    return _clamp(_scalar(a) / 6.0 + 0.5, 0.0, 1.0)
+
+
+def _mish(a):
+    return _scalar(a) * S.tanh(S.softplus(a))
+
+
+def _xlogy(a, b):
+    """a log b, 0 where a is 0 (but NaN where b is)."""
+    a, b = _scalar(a), _scalar(b)
+    return S.where(_isnan(b), b, S.where(a == 0.0, 0.0, a * S.log(b)))
+
+
+def _sinh(a):
+    return (S.exp(a) - S.exp(-_scalar(a))) * 0.5
+
+
+def _cosh(a):
+    return (S.exp(a) + S.exp(-_scalar(a))) * 0.5

@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from neptune_eqsat import ir
 from neptune_eqsat.ir import ops
 from neptune_eqsat.frontend import spec as S
+from neptune_eqsat.frontend import aten_math as M
 from neptune_eqsat.frontend.aten_math import (_clamp, _div, _exp2, _fmod, _gelu, _max, _min, _pow, _scalar,
                                               _sign, _softplus, _unary)
 
@@ -129,6 +130,20 @@ def _integral(name: str):
     return translate
 
 
+def _of_floats(test, otherwise):
+    """A test of a float's class (NaN, infinite, the sign bit); on integers and truth values `otherwise`."""
+    def translate(node, a, *args):
+        return test(a, *args) if _is_float(_dtype(node.args[0])) else otherwise(a)
+    return translate
+
+
+def _nan_to_num(node, a, nan=None, posinf=None, neginf=None):
+    dtype = _dtype(node.args[0])
+    if not _is_float(dtype):
+        return a
+    return M._nan_to_num(a, torch.finfo(dtype).max, nan, posinf, neginf)
+
+
 def _fill(value):
     return lambda *args, **kwargs: S._wrap(float(value) if not isinstance(value, bool) else value)
 
@@ -184,6 +199,21 @@ ATEN = {
     "lift_fresh_copy": _same, "clone": _same, "alias": _same, "detach": _same, "view": _same, "reshape": _same,
     "_unsafe_view": _same, "expand": _same, "squeeze": _same, "unsqueeze": _same, "permute": _same,
     "contiguous": _same, "expand_as": _same, "view_as": _same,
+    "getitem": lambda seq, k: seq[k],   # of an operator's tuple of results
+    "isnan": ("node", _of_floats(M._isnan, lambda a: False)),
+    "isinf": ("node", _of_floats(M._isinf, lambda a: False)),
+    "isposinf": ("node", _of_floats(lambda a: M._isinf(a, 1), lambda a: False)),
+    "isneginf": ("node", _of_floats(lambda a: M._isinf(a, -1), lambda a: False)),
+    "signbit": ("node", _of_floats(M._signbit, lambda a: _scalar(a) < 0)),
+    "nan_to_num": ("node", _nan_to_num), "copysign": M._copysign, "heaviside": M._heaviside,
+    "logaddexp": M._logaddexp, "logaddexp2": lambda a, b: M._logaddexp(a, b, base_two=True),
+    "log_sigmoid_forward": M._log_sigmoid, "lerp": M._lerp, "xlogy": M._xlogy,
+    "addcmul": lambda a, b, c, value=1: _scalar(a) + _scalar(b) * c * value,
+    "addcdiv": lambda a, b, c, value=1: _scalar(a) + _scalar(b) / c * value,
+    "hardtanh": M._hardtanh, "elu": M._elu, "leaky_relu": M._leaky_relu, "hardsigmoid": M._hardsigmoid,
+    "hardswish": lambda a: _scalar(a) * M._hardsigmoid(a), "mish": M._mish,
+    "erfc": lambda a: 1.0 - S.erf(a), "special_erfc": lambda a: 1.0 - S.erf(a),
+    "sinh": M._sinh, "cosh": M._cosh,
 }
 # ATen operators that are exactly an op of the registry (its `aten` names)
 for _op in ops.UN.values():
