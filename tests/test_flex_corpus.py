@@ -115,6 +115,9 @@ CASES = {
                          + torch.addcmul(s, s, (q - kv).float(), value=0.01) + torch.lerp(s, torch.tanh(s), 0.7)
                          + torch.logaddexp(s, (q - kv).abs() * -0.1) * 0.5
                          + torch.xlogy(s, (q - kv).abs().float() + 1.0) * 0.1, None),
+    # periodic functions of positions and heads (a phase-shaped bias), in the mask too
+    "phases": (lambda s, b, h, q, kv: s + 0.5 * torch.sin((q - kv) * 0.3) * torch.cos(h * 0.7) - torch.cos(s),
+               lambda b, h, q, kv: torch.sin(q * 0.5) + torch.cos(kv * 0.25) > -1.2),
     # tests of NaN, the infinities and the sign bit, and what replaces them
     "float_classes": (lambda s, b, h, q, kv: torch.nan_to_num(torch.where(s > 1.0, math.inf, torch.where(
                       s < -1.5, -math.inf, s)), posinf=2.0, neginf=-2.0) + torch.where(torch.isnan(torch.log(s)), 0.5, 0.0)
@@ -181,13 +184,13 @@ def test_what_cannot_be_traced_names_the_line():
     def uses_math(score, b, h, q_idx, kv_idx):
         return math.exp(score)
 
-    def uses_sin(score, b, h, q_idx, kv_idx):
-        return score + torch.sin(score)
+    def uses_atan(score, b, h, q_idx, kv_idx):
+        return score + torch.atan(score)
 
     with pytest.raises(TraceError, match=r"uses_math \(test_flex_corpus.py:\d+: return math.exp\(score\)\)"):
         flex_attention(q, k, v, score_mod=uses_math)
-    with pytest.raises(TraceError, match=r"uses_sin \(test_flex_corpus.py:\d+: .*\): aten.sin has no translation"):
-        flex_attention(q, k, v, score_mod=uses_sin)
+    with pytest.raises(TraceError, match=r"uses_atan \(test_flex_corpus.py:\d+: .*\): aten.atan has no translation"):
+        flex_attention(q, k, v, score_mod=uses_atan)
 
 
 def test_nan_and_inf_constants_in_a_callable():

@@ -159,6 +159,13 @@ _UNARY = [
        lambda np, x: np.vectorize(math.erf)(x), "tl.erf({})", gluon=NO_GLUON, work=8.0, aten=("erf", "special_erf"),
        derivative=lambda d, a, t, A: d.times(A, d.times(d.const(2.0 / math.sqrt(math.pi)),
                                                         d.un("exp", d.minus(d.times(a, a)))))),
+    # periodic (a relative position's phase in a bias): block classification takes their values as unbounded
+    Op("sin", "un", lambda sp, a: sp.sin(a), math.sin, lambda torch, x: torch.sin(x), lambda np, x: np.sin(x),
+       "tl.sin({})", gluon=NO_GLUON, work=8.0, transcendental=True, aten=("sin",),
+       derivative=lambda d, a, t, A: d.times(A, d.un("cos", a))),
+    Op("cos", "un", lambda sp, a: sp.cos(a), math.cos, lambda torch, x: torch.cos(x), lambda np, x: np.cos(x),
+       "tl.cos({})", gluon=NO_GLUON, work=8.0, transcendental=True, aten=("cos",),
+       derivative=lambda d, a, t, A: d.minus(d.times(A, d.un("sin", a)))),
     # softplus(x) = log(1 + e^x), computed as max(x, 0) + log(1 + e^-|x|): no overflow, exact for large |x|
     Op("softplus", "un", lambda sp, a: sp.log(1 + sp.exp(a)), lambda a: max(a, 0.0) + math.log1p(math.exp(-abs(a))),
        lambda torch, x: torch.logaddexp(x, torch.zeros_like(x)), lambda np, x: np.logaddexp(x, 0.0),
