@@ -74,3 +74,22 @@ def test_a_gradient_spread_evenly_over_a_row_takes_its_size_from_an_input(tmp_pa
         want.backward(grad)
         assert (out.detach().cpu().double() - want.detach()).abs().max() < 1e-4
         assert (xs.grad.cpu().double() - x64.grad).abs().max() < 1e-4
+
+
+RELATIVE = ("S, D, R = spec.dims(S=64, D=16, R=127)\ni, j, d = spec.axes(i=S, j=S, d=D)\n"
+            "x = spec.input('x', f32, S, D)\nbias = spec.input('bias', f32, {table})\n"
+            "s = x[i, 0] * x[j, 1] + bias[i - j + S - 1]\nm = max(j, s)\n"
+            "spec.output('y', f32, sum(j, exp(s - m) * x[j, d]) / sum(j, exp(s - m)), i, d)\n")
+
+
+def test_a_table_as_long_as_the_relative_positions(tmp_path):
+    """A bias per relative position (2 S - 1 entries): a size computed from others is refused with the way to
+    write it (a Dim of its own), and written so, a table too short for the sizes of a call raises."""
+    with pytest.raises(Exception, match=r"input bias: shape entries must be ints or Dims, got \(\(2 \* S\) - 1\) "
+                                        r"\(a size computed from others.*spec.dims\(R=...\)\)"):
+        load_spec(write(tmp_path, "relative_computed", RELATIVE.format(table="2 * S - 1")))
+    path = write(tmp_path, "relative", RELATIVE.format(table="R"))
+    assert_close(path, {"S": 21, "D": 16, "R": 41})
+    _, mod = compiled(path)
+    with pytest.raises(IndexError, match=r"bias: dimension 0 .* from 0 to 40 at these sizes, outside the 39"):
+        on_device(mod.forward, torch.randn(21, 16), torch.randn(39))

@@ -64,11 +64,9 @@ class Dim:
     def _term(self) -> Term:
         return ir.dim(self.name)
 
-    def __add__(self, o): return _wrap(self) + o
-    def __radd__(self, o): return _wrap(o) + self
-    def __sub__(self, o): return _wrap(self) - o
-    def __rsub__(self, o): return _wrap(o) - self
 
+for _op in ("add", "radd", "sub", "rsub", "mul", "rmul", "floordiv", "mod"):   # arithmetic of sizes: expressions
+    setattr(Dim, f"__{_op}__", lambda self, o, _op=_op: getattr(_wrap(self), f"__{_op}__")(o))
 
 Extent = int | Dim
 
@@ -223,7 +221,8 @@ class Spec:
             raise _fail(f"input {name}: unknown dtype {dtype!r} (one of {', '.join(ir.DTYPES)})")
         for s in shape:
             if not isinstance(s, (int, Dim)) or isinstance(s, bool):
-                raise _fail(f"input {name}: shape entries must be ints or Dims, got {s!r}")
+                hint = " (a size computed from others, as 2 * S - 1, is a Dim of its own: spec.dims(R=...))"
+                raise _fail(f"input {name}: shape entries must be ints or Dims, got {s!r}{hint * isinstance(s, Expr)}")
         t = Tensor(self, name, dtype, tuple(shape), positive, source)
         self.inputs[name] = t
         return t
