@@ -106,3 +106,100 @@ def guard_lines(spec) -> tuple[list[str], list[str]]:
                       f"        raise IndexError({what!r} + f', which runs from {{_lo:g}} to {{_hi:g}} at these sizes, "
                       f"outside the {{_n}} it has')"]
     return lines, list(dict.fromkeys(dims))
+
+
+# ---- indices that read an input's values ------------------------------------------------------------------------
+# `x[r, t[r]]` (a label per row) reads inside x only where t's values do: each call checks them exactly, before
+# it replays or launches anything, unless t's storage and version are those of the last call it checked. A read
+# inside a where's branch is left to the where (`where(t[r] == -100, 0, ... x[r, t[r]])` guards it), as is an
+# index of more than one axis (checking it would cost the kernel's own work). FlexAttention's captured tensors
+# are checked by its front end, which knows the call's lengths.
+_TORCH_BIN = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "min": "torch.minimum({}, {})",
+              "max": "torch.maximum({}, {})"}
+
+
+def _unguarded_loads(root: Term) -> set[Term]:
+    """The loads some path from the root reaches through no where's branch (through its condition it may)."""
+    out: set[Term] = set()
+    seen: set[Term] = set()
+
+    def go(t: Term) -> None:
+        if t in seen:
+            return
+        seen.add(t)
+        if t.op == "load":
+            out.add(t)
+        for k, a in enumerate(t.args):
+            if not (t.op == "where" and k > 0):
+                go(a)
+    go(root)
+    return out
+
+
+def _size_code(spec, ext) -> str | None:
+    """An extent as the launcher reads it from the inputs' shapes (before any size is bound)."""
+    if isinstance(ext, int):
+        return str(ext)
+    for name, tensor in spec.inputs.items():
+        if ext in tensor.shape:
+            return f"{name}.shape[{tensor.shape.index(ext)}]"
+    return None
+
+
+def _torch_code(spec, t: Term) -> str | None:
+    """t as torch code over its one free axis (a vector along it), or None where t has an operation this does
+    not evaluate."""
+    op, at, ar = t.op, t.attrs, t.args
+    if op == "axis":
+        n = _size_code(spec, spec.extent(at[0]))
+        return None if n is None else f"torch.arange({n}, device=_device)"
+    if op == "dim":
+        return _size_code(spec, spec.dims_.get(at[0]))
+    if op == "const":
+        return repr(at[0])
+    if op == "cast":
+        return _torch_code(spec, ar[0])
+    subs = [_torch_code(spec, a) for a in ar]
+    if None in subs:
+        return None
+    if op == "load":
+        return f"{at[0]}[{', '.join(f'torch.as_tensor({s}, device=_device).long()' for s in subs)}]"
+    if op == "un" and at[0] == "neg":
+        return f"(-{subs[0]})"
+    if op == "bin" and at[0] in _TORCH_BIN:
+        return _TORCH_BIN[at[0]].format(*(f"torch.as_tensor({s}, device=_device)" for s in subs))
+    return None
+
+
+def data_guard_lines(spec) -> list[str]:
+    """forward's first lines: IndexError where an index that reads an input's values leaves its dimension."""
+    lines, seen = [], set()
+    unguarded = _unguarded_loads(spec.root_term)
+    for t in ir.walk(spec.root_term):   # children first: an index's own reads are checked before it is
+        if t.op != "load" or t.attrs[0] not in spec.inputs or t not in unguarded:
+            continue
+        shape = spec.inputs[t.attrs[0]].shape
+        for pos, idx in enumerate(t.args):
+            reads = sorted({x.attrs[0] for x in ir.walk(idx) if x.op == "load"})
+            if not reads or len(idx.free) > 1 or (t.attrs[0], pos, idx) in seen:
+                continue
+            if any(spec.inputs[r].source for r in reads if r in spec.inputs):
+                continue   # a traced callable's captured tensor: its front end checks the call (flex.py)
+            seen.add((t.attrs[0], pos, idx))
+            code, n = _torch_code(spec, idx), _size_code(spec, shape[pos])
+            if code is None or n is None:
+                continue
+            key = ", ".join(f"({r}.data_ptr(), {r}._version, tuple({r}.shape))" for r in reads)
+            what = f"{t.attrs[0]}: dimension {pos} is read at index {ir.show(idx)}"
+            inference = " or ".join(f"{r}.is_inference()" for r in reads)   # no version counter: never kept
+            lines += [f"    _read = None if {inference} else ({key},)",
+                      f"    if (_read is None or forward.__dict__.get({what!r}) != _read) and not ({reads[0]}.is_cuda and "
+                      "torch.cuda.is_current_stream_capturing()):",   # a graph being captured cannot wait
+                      f"        _device = {reads[0]}.device",
+                      f"        _ix = torch.as_tensor({code}).reshape(-1).long()",
+                      "        _lo, _hi = (int(v) for v in torch.aminmax(_ix)) if _ix.numel() else (0, -1)",
+                      f"        if _lo < 0 or _hi >= {n}:",
+                      f"            raise IndexError({what!r} + f', which takes values {{_lo}} to {{_hi}}, outside the "
+                      f"{{{n}}} it has')",
+                      f"        forward.__dict__[{what!r}] = _read"]
+    return lines

@@ -20,7 +20,7 @@ from .defaults import (COMBINE_CPU, COMBINE_GPU, CONTRACTION_LOOP_BLOCK, GLUON_C
 from .gluon import WarpSpecialized, lists_suit_gluon, match_warp_specialized, render_warp_specialized
 from .gluon_writer import CONSUMERS, ROWS, GluonWriter
 from .kernel import KernelWriter, grid_sizes, jit_decorator
-from .index_guards import guard_lines
+from .index_guards import data_guard_lines, guard_lines
 from .triton_kernel import kernel_source, outputs
 from . import split_entry
 
@@ -92,7 +92,7 @@ def _tuned_config(gpu_name, shape_bucket):
 
 def forward({args}, *, config=None):
     """{doc}"""
-    if isinstance({first}, torch.Tensor) and {first}.is_cuda and not _warming():   # a call like an earlier one (inputs' signature, config) replays its launches
+{data_guards}    if isinstance({first}, torch.Tensor) and {first}.is_cuda and not _warming():   # a call like an earlier one (inputs' signature, config) replays its launches
         key = _signature({args}) if config is None else (_signature({args}), repr(config))
         replay = _replay(key)
         if replay is not None:
@@ -306,13 +306,14 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
     bound = [f"    {d} = sizes[{d!r}]" for d in dims_used if d not in derived] + \
         [f"    {d} = {derived[d][0]} * {derived[d][1]}" for d in dims_used if d in derived]
     dims = "\n".join(bound + guards)
+    data_guards = "".join(x + "\n" for x in data_guard_lines(spec))   # indices read from inputs: before any replay
     title = (spec.doc.splitlines() or [spec.name])[0]
     return MODULE.format(
         title=title, spec=spec.name, spec_file=spec_file, out_file=out_file,
         plan=textwrap.indent(plan_text, "    "), plan_one=plan_text, name=name, gpu=gpu, cpu=cpu, kernels=kernels,
         helpers=helpers, runtime=_runtime_source(), tuned=tuned_table,
         tuned_for=tuned_for,
-        gluon_imports=gluon_imports, inputs_table=inputs_table, lengths=lengths, quick=quick_config(gpu),
+        gluon_imports=gluon_imports, inputs_table=inputs_table, data_guards=data_guards, lengths=lengths, quick=quick_config(gpu),
         any_length=_any_length_source(twins), args=", ".join(inputs), first=inputs[0], dims=dims or "    pass",
         launch="\n".join(launch), result=result,
         doc=f"{spec.name}: inputs {', '.join(inputs)}; returns {', '.join([spec.output_name] + [o.name for o in spec.also])}.",

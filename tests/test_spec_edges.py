@@ -93,3 +93,37 @@ def test_a_table_as_long_as_the_relative_positions(tmp_path):
     _, mod = compiled(path)
     with pytest.raises(IndexError, match=r"bias: dimension 0 .* from 0 to 40 at these sizes, outside the 39"):
         on_device(mod.forward, torch.randn(21, 16), torch.randn(39))
+
+
+IGNORED = ("R, V = spec.dims(R=64, V=512)\nr, j = spec.axes(r=R, j=V)\nx = spec.input('x', f32, R, V)\n"
+           "target = spec.input('target', i64, R)\nm = max(j, x[r, j])\nlse = m + log(sum(j, exp(x[r, j] - m)))\n"
+           "spec.output('loss', f32, where(target[r] == -100, 0.0, lse - x[r, target[r]]), r)\n")
+
+
+def test_a_label_outside_the_row_is_refused_at_every_call():
+    """x[r, target[r]] reads inside x only where the labels do: a call with a label out of range raises
+    IndexError naming the read (before, a label V read the next row's first element), also after the labels
+    change in place between calls of the same shapes (which replay their launches on a GPU)."""
+    _, mod = compiled("specs/cross_entropy.py")
+    x, target = torch.randn(5, 37), torch.tensor([1.0, 36.0, 3.0, 0.0, 20.0])
+    want = torch.nn.functional.cross_entropy(x, target.long(), reduction="none")
+    assert (on_device(mod.forward, x, target) - want).abs().max() < 1e-5
+    target_on = target.to(DEVICE)
+    x_on = x.to(DEVICE)
+    mod.forward(x_on, target_on)
+    target_on[2] = 37.0   # written in place: the same tensor, a new version
+    with pytest.raises(IndexError, match=r"x: dimension 1 is read at index target\[r\], which takes values 0 to 37, "
+                                         r"outside the 37 it has"):
+        mod.forward(x_on, target_on)
+    with pytest.raises(IndexError, match=r"takes values -1 to 36"):
+        on_device(mod.forward, x, torch.tensor([1.0, 36.0, -1.0, 0.0, 20.0]))
+
+
+def test_a_label_read_under_a_where_is_left_to_it(tmp_path):
+    """where(target == -100, 0, lse - x[r, target[r]]): the read out of range is the where's to discard
+    (torch's ignore_index), so the call runs and matches torch. (The kernel still forms the address x[r, -100],
+    which the where discards: the ignored rows here are those where it lies inside x.)"""
+    _, mod = compiled(write(tmp_path, "ignored_labels", IGNORED))
+    x, target = torch.randn(7, 37), torch.tensor([1, 2, 3, 0, -100, 36, -100])
+    want = torch.nn.functional.cross_entropy(x, target, reduction="none", ignore_index=-100)
+    assert (on_device(mod.forward, x, target) - want).abs().max() < 1e-5
