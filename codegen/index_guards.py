@@ -183,8 +183,8 @@ def data_guard_lines(spec) -> list[str]:
             reads = sorted({x.attrs[0] for x in ir.walk(idx) if x.op == "load"})
             if not reads or len(idx.free) > 1 or (t.attrs[0], pos, idx) in seen:
                 continue
-            if any(spec.inputs[r].source for r in reads if r in spec.inputs):
-                continue   # a traced callable's captured tensor: its front end checks the call (flex.py)
+            if any(spec.inputs[r].source != f"input {r}" for r in reads):
+                continue   # a tensor a front end describes (a traced callable's capture): it checks the call
             seen.add((t.attrs[0], pos, idx))
             code, n = _torch_code(spec, idx), _size_code(spec, shape[pos])
             if code is None or n is None:
