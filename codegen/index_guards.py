@@ -110,7 +110,9 @@ def guard_lines(spec) -> tuple[list[str], list[str]]:
 
 # ---- indices that read an input's values ------------------------------------------------------------------------
 # `x[r, t[r]]` (a label per row) reads inside x only where t's values do: each call checks them exactly, before
-# it replays or launches anything, unless t's storage and version are those of the last call it checked. A read
+# it replays or launches anything, unless t's storage and version are those of the last call it checked: on the
+# CPU raising IndexError, on a GPU by a device-side assertion, as torch checks the labels of its cross-entropy
+# (waiting for the values would stall every call that writes new labels). A read
 # inside a where's branch is left to the where (`where(t[r] == -100, 0, ... x[r, t[r]])` guards it), as is an
 # index of more than one axis (checking it would cost the kernel's own work). FlexAttention's captured tensors
 # are checked by its front end, which knows the call's lengths.
@@ -163,6 +165,9 @@ def _torch_code(spec, t: Term) -> str | None:
     if None in subs:
         return None
     if op == "load":
+        whole = [a.op == "axis" and spec.extent(a.attrs[0]) == spec.inputs[at[0]].shape[k] for k, a in enumerate(ar)]
+        if len(ar) == 1 and whole[0]:   # a vector read along its own axis: its values, not a gather of them
+            return at[0]
         return f"{at[0]}[{', '.join(f'torch.as_tensor({s}, device=_device).long()' for s in subs)}]"
     if op == "un" and at[0] == "neg":
         return f"(-{subs[0]})"
@@ -193,13 +198,15 @@ def data_guard_lines(spec) -> list[str]:
             what = f"{t.attrs[0]}: dimension {pos} is read at index {ir.show(idx)}"
             inference = " or ".join(f"{r}.is_inference()" for r in reads)   # no version counter: never kept
             lines += [f"    _read = None if {inference} else ({key},)",
-                      f"    if (_read is None or forward.__dict__.get({what!r}) != _read) and not ({reads[0]}.is_cuda and "
-                      "torch.cuda.is_current_stream_capturing()):",   # a graph being captured cannot wait
+                      f"    if _read is None or forward.__dict__.get({what!r}) != _read:",
                       f"        _device = {reads[0]}.device",
-                      f"        _ix = torch.as_tensor({code}).reshape(-1).long()",
-                      "        _lo, _hi = (int(v) for v in torch.aminmax(_ix)) if _ix.numel() else (0, -1)",
-                      f"        if _lo < 0 or _hi >= {n}:",
-                      f"            raise IndexError({what!r} + f', which takes values {{_lo}} to {{_hi}}, outside the "
+                      f"        _ix = torch.as_tensor({code}, device=_device).reshape(-1).long()",
+                      "        if _ix.is_cuda:",   # checked on the GPU, as torch checks its gathers: no wait
+                      f"            torch._assert_async(((_ix >= 0) & (_ix < {n})).all(), {what + ' leaves the tensor'!r})",
+                      "        elif _ix.numel():",
+                      "            _lo, _hi = (int(v) for v in torch.aminmax(_ix))",
+                      f"            if _lo < 0 or _hi >= {n}:",
+                      f"                raise IndexError({what!r} + f', which takes values {{_lo}} to {{_hi}}, outside the "
                       f"{{{n}}} it has')",
                       f"        forward.__dict__[{what!r}] = _read"]
     return lines

@@ -1,6 +1,8 @@
 """Specs at the edges of what the planner and the code generator assume: an output of one value (no row axis
 to tile), indices that run-time sizes push outside an input, and gradients spread evenly over an axis no
 gradient input carries. Each against float64."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -103,20 +105,23 @@ IGNORED = ("R, V = spec.dims(R=64, V=512)\nr, j = spec.axes(r=R, j=V)\nx = spec.
 def test_a_label_outside_the_row_is_refused_at_every_call():
     """x[r, target[r]] reads inside x only where the labels do: a call with a label out of range raises
     IndexError naming the read (before, a label V read the next row's first element), also after the labels
-    change in place between calls of the same shapes (which replay their launches on a GPU)."""
+    change in place between calls (a new version of the same tensor). On a GPU the check is a device-side
+    assertion, as torch's cross-entropy makes (it would end the test process's CUDA context): checked on the
+    CPU, where the same lines raise."""
     _, mod = compiled("specs/cross_entropy.py")
     x, target = torch.randn(5, 37), torch.tensor([1.0, 36.0, 3.0, 0.0, 20.0])
     want = torch.nn.functional.cross_entropy(x, target.long(), reduction="none")
     assert (on_device(mod.forward, x, target) - want).abs().max() < 1e-5
-    target_on = target.to(DEVICE)
-    x_on = x.to(DEVICE)
-    mod.forward(x_on, target_on)
-    target_on[2] = 37.0   # written in place: the same tensor, a new version
+    assert "torch._assert_async(((_ix >= 0) & (_ix < x.shape[1])).all()" in Path(mod.__file__).read_text()
+    if DEVICE != "cpu":
+        return
+    mod.forward(x, target)
+    target[2] = 37.0   # written in place: the same tensor, a new version
     with pytest.raises(IndexError, match=r"x: dimension 1 is read at index target\[r\], which takes values 0 to 37, "
                                          r"outside the 37 it has"):
-        mod.forward(x_on, target_on)
+        mod.forward(x, target)
     with pytest.raises(IndexError, match=r"takes values -1 to 36"):
-        on_device(mod.forward, x, torch.tensor([1.0, 36.0, -1.0, 0.0, 20.0]))
+        mod.forward(x, torch.tensor([1.0, 36.0, -1.0, 0.0, 20.0]))
 
 
 def test_a_label_read_under_a_where_is_left_to_it(tmp_path):
