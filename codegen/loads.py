@@ -2,6 +2,7 @@
 (the copy engine) where the tile's layout allows; a mixin of KernelWriter (kernel.py)."""
 from __future__ import annotations
 
+from neptune_eqsat import ir
 from neptune_eqsat.ir import Term
 
 from .uniform import uniform_load
@@ -21,6 +22,8 @@ class Loads:
                 to_int = f"{iv.code}.to({self.lang}.int32)"
                 iv = Val(self.put(blk, to_int) if iv.axes else f"({iv.code}).to({self.lang}.int32)",
                          iv.axes, "int")
+            if any(x.op == "load" for x in ir.walk(idx)):
+                iv = self._inside(iv, name, pos, blk)
             parts.append(f"{self.expand(iv, order)} * {name}_s{pos}" if iv.axes else f"{iv.code} * {name}_s{pos}")
         checks = []
         for a in order:
@@ -51,6 +54,17 @@ class Loads:
         v = Val(var, order, value_dtype(self.spec.inputs[name].dtype))
         self.cache[key] = v
         return v
+
+    def _inside(self, iv: Val, name: str, pos: int, blk: str) -> Val:
+        """An index read from an input's values held inside dimension `pos` of `name`: the launcher refuses a
+        call whose such index leaves it, or a where discards the value read (a label of -100 under
+        where(label == -100, ...)); either way the address formed stays inside the tensor."""
+        ext = self.spec.inputs[name].shape[pos]
+        n = str(ext) if isinstance(ext, int) else ext.name if ext.name in self.dims else None
+        if n is None:   # a size the kernel is not given
+            return iv
+        held = f"{self.lang}.minimum({self.lang}.maximum({iv.code}, 0), {n} - 1)"
+        return Val(self.put(blk, held) if iv.axes else f"({held})", iv.axes, "int")
 
     def tile_start(self, a: str) -> str:
         if a == self.loop:
