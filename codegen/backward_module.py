@@ -10,49 +10,10 @@ from __future__ import annotations
 
 import textwrap
 
-from neptune_eqsat import ir
 from neptune_eqsat.plan.autodiff import Backward, GradPart
-from neptune_eqsat.ir import Term
-from neptune_eqsat.frontend.spec import Spec, SpecError
+from neptune_eqsat.frontend.spec import Spec
 from neptune_eqsat.codegen.embedded import reads, sources_table
-
-_INFIX = {"add": "+", "sub": "-", "mul": "*", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=",
-          "and": "&", "or": "|", "bitand": "&", "bitor": "|", "bitxor": "^", "shl": "<<", "shr": ">>"}
-_CALL = {"floordiv": "torch.div({}, {}, rounding_mode='floor')", "mod": "torch.remainder({}, {})",
-         "max": "torch.maximum({}, {})", "min": "torch.minimum({}, {})"}
-
-
-def index_code(t: Term, axes: tuple[str, ...], spec: Spec) -> str:
-    """A torch expression for the index term t, broadcast over `axes` (a tensor of int64 values)."""
-    op, at, ar = t.op, t.attrs, t.args
-    if op == "axis":
-        return f"_ar({_extent(spec, at[0])}, {axes.index(at[0])}, {len(axes)}, dev)"
-    if op == "dim":
-        return f"_num(sizes[{at[0]!r}], dev)"
-    if op == "const":
-        return f"_num({int(at[0]) if at[0] == int(at[0]) else at[0]!r}, dev)"
-    if op == "load":
-        index = ", ".join(f"{index_code(a, axes, spec)}.long()" for a in ar)
-        return f"t[{at[0]!r}][({index},)].long()"
-    if op == "un" and at[0] in ("neg", "abs"):
-        inner = index_code(ar[0], axes, spec)
-        return f"(-{inner})" if at[0] == "neg" else f"{inner}.abs()"
-    if op == "bin" and at[0] in _INFIX:
-        return f"({index_code(ar[0], axes, spec)} {_INFIX[at[0]]} {index_code(ar[1], axes, spec)})"
-    if op == "bin" and at[0] in _CALL:
-        return _CALL[at[0]].format(*(index_code(a, axes, spec) for a in ar))
-    if op == "where":
-        return "torch.where({}, {}, {})".format(*(index_code(a, axes, spec) for a in ar))
-    if op == "cast":
-        return index_code(ar[0], axes, spec)
-    raise SpecError(f"spec {spec.name}: the index {ir.show(t)} of a gradient has no host form in a standalone "
-                    f"module ({op} {at})")
-
-
-def _extent(spec: Spec, ax: str) -> str:
-    ext = spec.axes_[ax]
-    return str(ext) if isinstance(ext, int) else f"sizes[{ext.name!r}]"
-
+from neptune_eqsat.codegen.index_guards import INDEX_HELPERS, index_code
 
 def module_source(spec: Spec, forward_source: str, backward: Backward, sources: dict[str, str]) -> str:
     """The module: `forward(*inputs)`, `forward_saved(*inputs)` (the output and the values the backward saves,
@@ -97,17 +58,7 @@ def module_source(spec: Spec, forward_source: str, backward: Backward, sources: 
     return "\n".join(lines)
 
 
-HELPERS = textwrap.dedent('''
-    def _ar(n, pos, rank, dev):
-        shape = [1] * rank
-        shape[pos] = n
-        return torch.arange(n, device=dev).view(shape)
-
-
-    def _num(x, dev):
-        return torch.tensor(x, device=dev)
-
-
+HELPERS = INDEX_HELPERS + "\n\n\n" + textwrap.dedent('''
     def forward(*inputs, config=None):
         return _module("forward").forward(*inputs, config=config)
 

@@ -11,10 +11,12 @@ values: FlexAttention calls check them (frontend/bounds.py), exactly, per call.
 """
 from __future__ import annotations
 
+import textwrap
 from collections import Counter
 
 from neptune_eqsat import ir
 from neptune_eqsat.ir import Term
+from neptune_eqsat.frontend.spec import SpecError
 
 
 def _ext_code(ext) -> str:
@@ -108,6 +110,61 @@ def guard_lines(spec) -> tuple[list[str], list[str]]:
     return lines, list(dict.fromkeys(dims))
 
 
+# ---- index terms as torch code on the host ---------------------------------------------------------------------
+# The module-level helpers the code calls, and the names it reads: `t` (input name -> tensor), `sizes` (size name
+# -> value) and `dev`. A standalone module's backward scatters gradients at such indices (backward_module.py);
+# a launcher checks the indices read from an input's values with it (data_guard_lines).
+INDEX_HELPERS = textwrap.dedent('''
+    def _ar(n, pos, rank, dev):
+        shape = [1] * rank
+        shape[pos] = n
+        return torch.arange(n, device=dev).view(shape)
+
+
+    def _num(x, dev):
+        return torch.tensor(x, device=dev)
+    ''').strip()
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=",
+          "and": "&", "or": "|", "bitand": "&", "bitor": "|", "bitxor": "^", "shl": "<<", "shr": ">>"}
+_CALL = {"floordiv": "torch.div({}, {}, rounding_mode='floor')", "mod": "torch.remainder({}, {})",
+         "max": "torch.maximum({}, {})", "min": "torch.minimum({}, {})"}
+
+
+def index_code(t: Term, axes: tuple[str, ...], spec) -> str:
+    """A torch expression for the index term t, broadcast over `axes` (a tensor of int64 values)."""
+    op, at, ar = t.op, t.attrs, t.args
+    if op == "axis":
+        return f"_ar({_extent(spec, at[0])}, {axes.index(at[0])}, {len(axes)}, dev)"
+    if op == "dim":
+        return f"_num(sizes[{at[0]!r}], dev)"
+    if op == "const":
+        return f"_num({int(at[0]) if at[0] == int(at[0]) else at[0]!r}, dev)"
+    if op == "load":
+        if len(ar) == 1 and ar[0].op == "axis" and axes == ar[0].attrs \
+                and spec.extent(axes[0]) == spec.inputs[at[0]].shape[0]:
+            return f"t[{at[0]!r}].long()"   # a vector read along its own axis, over that axis: its values
+        index = ", ".join(f"{index_code(a, axes, spec)}.long()" for a in ar)
+        return f"t[{at[0]!r}][({index},)].long()"
+    if op == "un" and at[0] in ("neg", "abs"):
+        inner = index_code(ar[0], axes, spec)
+        return f"(-{inner})" if at[0] == "neg" else f"{inner}.abs()"
+    if op == "bin" and at[0] in _INFIX:
+        return f"({index_code(ar[0], axes, spec)} {_INFIX[at[0]]} {index_code(ar[1], axes, spec)})"
+    if op == "bin" and at[0] in _CALL:
+        return _CALL[at[0]].format(*(index_code(a, axes, spec) for a in ar))
+    if op == "where":
+        return "torch.where({}, {}, {})".format(*(index_code(a, axes, spec) for a in ar))
+    if op == "cast":
+        return index_code(ar[0], axes, spec)
+    raise SpecError(f"spec {spec.name}: the index {ir.show(t)} of a gradient has no host form in a standalone "
+                    f"module ({op} {at})")
+
+
+def _extent(spec, ax: str) -> str:
+    ext = spec.axes_[ax]
+    return str(ext) if isinstance(ext, int) else f"sizes[{ext.name!r}]"
+
+
 # ---- indices that read an input's values ------------------------------------------------------------------------
 # `x[r, t[r]]` (a label per row) reads inside x only where t's values do: each call checks them exactly, before
 # it replays or launches anything, unless t's storage and version are those of the last call it checked: on the
@@ -116,10 +173,6 @@ def guard_lines(spec) -> tuple[list[str], list[str]]:
 # inside a where's branch is left to the where (`where(t[r] == -100, 0, ... x[r, t[r]])` guards it), as is an
 # index of more than one axis (checking it would cost the kernel's own work). FlexAttention's captured tensors
 # are checked by its front end, which knows the call's lengths.
-_TORCH_BIN = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "min": "torch.minimum({}, {})",
-              "max": "torch.maximum({}, {})"}
-
-
 def _unguarded_loads(root: Term) -> set[Term]:
     """The loads some path from the root reaches through no where's branch (through its condition it may)."""
     out: set[Term] = set()
@@ -148,34 +201,6 @@ def _size_code(spec, ext) -> str | None:
     return None
 
 
-def _torch_code(spec, t: Term) -> str | None:
-    """t as torch code over its one free axis (a vector along it), or None where t has an operation this does
-    not evaluate."""
-    op, at, ar = t.op, t.attrs, t.args
-    if op == "axis":
-        n = _size_code(spec, spec.extent(at[0]))
-        return None if n is None else f"torch.arange({n}, device=_device)"
-    if op == "dim":
-        return _size_code(spec, spec.dims_.get(at[0]))
-    if op == "const":
-        return repr(at[0])
-    if op == "cast":
-        return _torch_code(spec, ar[0])
-    subs = [_torch_code(spec, a) for a in ar]
-    if None in subs:
-        return None
-    if op == "load":
-        whole = [a.op == "axis" and spec.extent(a.attrs[0]) == spec.inputs[at[0]].shape[k] for k, a in enumerate(ar)]
-        if len(ar) == 1 and whole[0]:   # a vector read along its own axis: its values, not a gather of them
-            return at[0]
-        return f"{at[0]}[{', '.join(f'torch.as_tensor({s}, device=_device).long()' for s in subs)}]"
-    if op == "un" and at[0] == "neg":
-        return f"(-{subs[0]})"
-    if op == "bin" and at[0] in _TORCH_BIN:
-        return _TORCH_BIN[at[0]].format(*(f"torch.as_tensor({s}, device=_device)" for s in subs))
-    return None
-
-
 def data_guard_lines(spec) -> list[str]:
     """forward's first lines: IndexError where an index that reads an input's values leaves its dimension."""
     lines, seen = [], set()
@@ -191,16 +216,24 @@ def data_guard_lines(spec) -> list[str]:
             if any(spec.inputs[r].source != f"input {r}" for r in reads):
                 continue   # a tensor a front end describes (a traced callable's capture): it checks the call
             seen.add((t.attrs[0], pos, idx))
-            code, n = _torch_code(spec, idx), _size_code(spec, shape[pos])
-            if code is None or n is None:
+            try:
+                code = index_code(idx, tuple(idx.free), spec)
+            except SpecError:   # an operation the host form lacks: the kernel still holds it inside (loads.py)
                 continue
+            dims = [spec.dims_.get(d.attrs[0]) for d in ir.walk(idx) if d.op == "dim"]
+            used = {spec.extent(a) for a in idx.free} | set(dims)
+            sizes = {d.name: _size_code(spec, d) for d in used if d is not None and not isinstance(d, int)}
+            n = _size_code(spec, shape[pos])
+            if n is None or None in dims or None in sizes.values():   # a size no input's shape gives
+                continue
+            env = (f"{{{', '.join(f'{r!r}: {r}' for r in reads)}}}, "
+                   f"{{{', '.join(f'{d!r}: {c}' for d, c in sizes.items())}}}, {reads[0]}.device")
             key = ", ".join(f"({r}.data_ptr(), {r}._version, tuple({r}.shape))" for r in reads)
             what = f"{t.attrs[0]}: dimension {pos} is read at index {ir.show(idx)}"
             inference = " or ".join(f"{r}.is_inference()" for r in reads)   # no version counter: never kept
             lines += [f"    _read = None if {inference} else ({key},)",
                       f"    if _read is None or forward.__dict__.get({what!r}) != _read:",
-                      f"        _device = {reads[0]}.device",
-                      f"        _ix = torch.as_tensor({code}, device=_device).reshape(-1).long()",
+                      f"        _ix = (lambda t, sizes, dev: {code})({env}).reshape(-1)",   # names of its own
                       "        if _ix.is_cuda:",   # checked on the GPU, as torch checks its gathers: no wait
                       f"            torch._assert_async(((_ix >= 0) & (_ix < {n})).all(), {what + ' leaves the tensor'!r})",
                       "        elif _ix.numel():",

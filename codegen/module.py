@@ -20,7 +20,7 @@ from .defaults import (COMBINE_CPU, COMBINE_GPU, CONTRACTION_LOOP_BLOCK, GLUON_C
 from .gluon import WarpSpecialized, lists_suit_gluon, match_warp_specialized, render_warp_specialized
 from .gluon_writer import CONSUMERS, ROWS, GluonWriter
 from .kernel import KernelWriter, grid_sizes, jit_decorator
-from .index_guards import data_guard_lines, guard_lines
+from .index_guards import INDEX_HELPERS, data_guard_lines, guard_lines
 from .triton_kernel import kernel_source, outputs
 from . import split_entry
 
@@ -307,6 +307,7 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
         [f"    {d} = {derived[d][0]} * {derived[d][1]}" for d in dims_used if d in derived]
     dims = "\n".join(bound + guards)
     data_guards = "".join(x + "\n" for x in data_guard_lines(spec))   # indices read from inputs: before any replay
+    helpers += f"\n{INDEX_HELPERS}\n\n" if data_guards else ""
     title = (spec.doc.splitlines() or [spec.name])[0]
     return MODULE.format(
         title=title, spec=spec.name, spec_file=spec_file, out_file=out_file,
