@@ -180,6 +180,8 @@ class KernelWriter(Loads, TileReductions):
             integral = ops.UN[at[0]].keeps_integer
             if not integral:
                 x = self.as_float(self.int_as_float(x))
+            elif x.dtype not in ("int", "bool"):   # -x, abs(x) of a 16-bit load: in fp32, as it is labelled
+                x = self.as_float(x)
             dt = "bool" if at[0] == "not" else ("int" if x.dtype == "int" and integral else "f32")
             return Val(self.put(blk, OP_CODE[self.lang]["un"][at[0]].format(x.code)), x.axes, dt)
         if op == "bin":

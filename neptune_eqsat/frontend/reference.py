@@ -5,6 +5,7 @@ product over all axes is never materialized. Casts are ignored (the math is exac
 """
 from __future__ import annotations
 
+import functools
 import math
 import string
 
@@ -97,7 +98,15 @@ class Evaluator:
             idx = [self(a) for a in ar]
             axes = _union(*idx)
             index = [_align(v, axes).long() for v in idx]
-            return self.inputs[at[0]][tuple(index)], axes
+            x = self.inputs[at[0]]
+            inside = functools.reduce(torch.logical_and, [(i >= 0) & (i < n) for i, n in zip(index, x.shape)],
+                                      torch.ones((), dtype=torch.bool, device=self.device))
+            if bool(inside.all()):
+                return x[tuple(index)], axes
+            # an index outside the tensor reads NaN: a where that discards it (a label of -100 under
+            # ignore_index) gives its other branch, and a read that is kept makes the result NaN
+            index = [i.clamp(0, n - 1) for i, n in zip(index, x.shape)]
+            return torch.where(inside, x[tuple(index)], float("nan")), axes
         if op == "cast":
             return self(ar[0])
         if op == "un":

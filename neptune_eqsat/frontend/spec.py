@@ -28,10 +28,10 @@ from neptune_eqsat.ir import ops
 from neptune_eqsat.ir import Term
 from neptune_eqsat.frontend.conditions import index_max, is_index_condition, negate
 
-__all__ = ["Spec", "Dim", "SpecError", "f16", "bf16", "f32", "i8", "u8", "i16", "i32", "i64", "inf", "nan", "sum", "max", "min", "where", "cast",
+__all__ = ["Spec", "Dim", "SpecError", "f16", "bf16", "f32", "f64", "i8", "u8", "i16", "i32", "i64", "inf", "nan", "sum", "max", "min", "where", "cast",
            "load_spec"]
 
-f16, bf16, f32 = "f16", "bf16", "f32"
+f16, bf16, f32, f64 = "f16", "bf16", "f32", "f64"
 i8, u8, i16, i32, i64 = "i8", "u8", "i16", "i32", "i64"   # inputs only (ids, labels, offsets); "bool" too
 inf, nan = math.inf, math.nan
 
@@ -199,6 +199,8 @@ class Spec:
         spec.dims(B=1, S=4096). Positional names get 1024."""
         out = []
         for n, size in [(n, 1024) for n in names] + list(typical.items()):
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                raise _fail(f"dim {n}: the typical size must be a positive int, got {size!r}")
             self.dims_[n] = Dim(n)
             self.typical[n] = size
             out.append(self.dims_[n])
@@ -209,6 +211,8 @@ class Spec:
         for n, ext in extents.items():
             if not isinstance(ext, (int, Dim)) or isinstance(ext, bool):
                 raise _fail(f"axis {n}: extent must be an int or a Dim, got {ext!r}")
+            if isinstance(ext, int) and ext < 1:
+                raise _fail(f"axis {n}: extent must be at least 1, got {ext}")
             self.axes_[n] = ext
             out.append(Axis(n, ext))
         return out[0] if len(out) == 1 else out
@@ -223,6 +227,9 @@ class Spec:
             if not isinstance(s, (int, Dim)) or isinstance(s, bool):
                 hint = " (a size computed from others, as 2 * S - 1, is a Dim of its own: spec.dims(R=...))"
                 raise _fail(f"input {name}: shape entries must be ints or Dims, got {s!r}{hint * isinstance(s, Expr)}")
+            if isinstance(s, int) and s < 1:
+                raise _fail(f"input {name}: a fixed size must be at least 1, got {s} (a size known at run time is "
+                            f"a Dim)")
         t = Tensor(self, name, dtype, tuple(shape), positive, source)
         self.inputs[name] = t
         return t
@@ -236,6 +243,10 @@ class Spec:
             if not isinstance(a, Axis):
                 raise _fail(f"output {name}: {a!r} is not an axis (pass the axis objects spec.axes returned)")
         names = tuple(a.name for a in axes)
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise _fail(f"output {name}: axis {', '.join(repeated)} is named more than once among the output axes "
+                        f"{list(names)} (each output dimension needs an axis of its own)")
         extra = e.term.free - set(names)
         if extra:
             raise _fail(f"output {name}: the value depends on axes {sorted(extra)} that are not output axes "
@@ -255,6 +266,10 @@ class Spec:
         for a in t.free:
             if a not in self.axes_:
                 raise _fail(f"tensor {tensor}, dimension {pos}: unknown axis {a}")
+        fractional = self._fractional(t)
+        if fractional is not None:
+            raise _fail(f"tensor {tensor}, dimension {pos}: index {ir.show(t)} is not a whole number "
+                        f"({ir.show(fractional)} can be fractional; round it with floor, or use // for a division)")
         if t.op == "axis":
             aext = self.axes_[t.attrs[0]]
             if aext != ext:
@@ -264,6 +279,30 @@ class Spec:
         hi = index_max(self.axes_, t)
         if hi is not None and isinstance(ext, int) and hi >= ext:
             raise _fail(f"tensor {tensor}, dimension {pos}: index {ir.show(t)} reaches {hi}, beyond extent {ext}")
+
+    def _fractional(self, t: Term) -> Term | None:
+        """The part of an index term that can take a value that is not a whole number (a fraction, a true
+        division, a floating-point input, exp of an integer), or None: indices are positions."""
+        if t.op == "const":
+            return None if float(t.attrs[0]).is_integer() else t
+        if t.op == "load":
+            tensor = self.inputs.get(t.attrs[0])
+            return t if tensor is not None and tensor.dtype in ir.FLOAT_DTYPES else None
+        if t.op == "cast":
+            return t if t.attrs[0] in ir.FLOAT_DTYPES else None
+        if t.op == "un":
+            if t.attrs[0] in ("floor", "ceil", "round", "trunc"):
+                return None
+            if not ops.UN[t.attrs[0]].keeps_integer:
+                return t
+        if t.op == "bin":
+            if t.attrs[0] == "floordiv" or t.attrs[0] in ir.LOGIC or ops.BIN[t.attrs[0]].group == "compare":
+                return None
+            if t.attrs[0] == "div":
+                return t
+        if t.op == "where":   # the condition is a truth value; either branch may be the index
+            return next((f for f in map(self._fractional, t.args[1:]) if f is not None), None)
+        return next((f for f in map(self._fractional, t.args) if f is not None), None)
 
     def retyped(self, dtype: str) -> Spec:
         """The same computation with its 16-bit floating-point inputs, casts and output in `dtype` (bf16 for
@@ -297,11 +336,23 @@ class Spec:
     def validate(self) -> None:
         if self.output_term is None:
             raise SpecError(f"spec {self.name}: no output (call spec.output(name, dtype, value, *axes))")
+        carried = {e.name for t in self.inputs.values() for e in t.shape if isinstance(e, Dim)} | set(self.derived)
+        used_axes = set(self.output_axes) | {a for o in self.also for a in o.axes}
         for t in ir.walk(self.root_term):
             if ir.is_reduction(t):
                 ax = t.attrs[1]
                 if ax not in t.args[0].free:
                     raise _fail(f"{t.attrs[0]} over {ax}: the reduced value does not depend on {ax}", t.origin)
+                used_axes.add(ax)
+            if t.op == "dim" and t.attrs[0] not in carried:
+                raise _fail(f"size {t.attrs[0]} is the size of no input's dimension, so a call cannot know it "
+                            f"(declare an input with it in its shape)", t.origin)
+        for ax in sorted(used_axes):
+            ext = self.axes_.get(ax)
+            if isinstance(ext, Dim) and ext.name not in carried:
+                raise SpecError(f"spec {self.name}: axis {ax} runs over {ext.name}, the size of no input's "
+                                f"dimension, so a call cannot know it (declare the inputs with {ext.name} in their "
+                                f"shape, or give axis {ax} a fixed extent)")
 
 
 def _further_output(spec: Spec, name: str, dtype: str, term: Term, axes: tuple[str, ...]) -> Output:
