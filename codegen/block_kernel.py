@@ -37,7 +37,7 @@ def kernel_source(table, w, sizes: list[str]) -> str:
     stride = "1"
     for ax in reversed(table.grid_axes):   # the entry is the grid values flattened, the last fastest
         grid.append(f"g_{ax} = ((entry // {stride}) % {w.ext(ax)}).to(tl.float64)")
-        stride = f"{stride} * {w.ext(ax)}"
+        stride = f"({stride} * {w.ext(ax)})"   # parenthesized: entry // (1 * H), not (entry // 1) * H
     lines = [
         *DEPENDENT_HEAD,
         f"n_rb = ({row_n} + BLOCK_ROW - 1) // BLOCK_ROW",

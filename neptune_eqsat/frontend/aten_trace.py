@@ -280,6 +280,8 @@ def _translate(node, env, read):
         open_dims = [k for k, f in enumerate(base.fixed) if f is None]
         size = base.tensor.shape[open_dims[dim]]
         return base.index([None] * (dim % len(open_dims)) + [S._wrap(at + size if at < 0 else at)], read)
+    if name in ("lift_fresh_copy", "clone", "alias", "detach") and isinstance(args[0], View):
+        return args[0]   # a table made inside the callable (torch.tensor([0.5, -1.0])[h]), read where indexed
     if not any(isinstance(a, (S.Expr, View)) for a in _flat(args) + _flat(list(kwargs.values()))):
         return _evaluated(target(*args, **kwargs))   # made from constants only (torch.ones(4)): run it
     for a in list(args) + list(kwargs.values()):
@@ -304,9 +306,10 @@ def _flat(xs) -> list:
 def _evaluated(t):
     """A tensor computed while tracing: a constant when it is one number, else a tensor the kernel reads."""
     if not isinstance(t, torch.Tensor):
-        return S._wrap(t) if isinstance(t, (int, float, bool)) else t
-    if t.dim() == 0:
-        return S._wrap(t.item())
+        return S._wrap(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else t
+    if t.dim() == 0:   # a truth value stays a Python bool, which the logic folds (a mask of constant True)
+        value = t.item()
+        return value if isinstance(value, bool) else S._wrap(value)
     return View(t, (None,) * t.dim())
 
 

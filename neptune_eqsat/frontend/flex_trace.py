@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 from types import ModuleType
 
+import numpy as np
 import torch
 
 from neptune_eqsat import ir
@@ -54,12 +55,29 @@ class _Trace:
             self.spec.input(name, CAPTURE_DTYPES.get(t.dtype, "f32"), *(int(n) for n in t.shape),
                             source=f"the tensor of shape {tuple(t.shape)} that {self.fn_name} captures")
         tensor = self.spec.inputs[name]
+        # a constant index below zero counts from the end, as torch's indexing does (t[-1])
+        index = [S._wrap(_constant_of(x.term) + n) if (_constant_of(x.term) or 0) < 0 else x
+                 for x, n in zip(index, t.shape)]
         # indices come as `i + 0`: an index may be an axis whose extent is a run-time size, and the tensor's
         # extent is fixed, so it is read at a computed index (checked at run time, bounds.py)
-        return tensor[tuple(index)] if index else S.Expr(ir.load(name))
+        try:
+            return tensor[tuple(index)] if index else S.Expr(ir.load(name))
+        except SpecError as e:   # an index the problem's sizes take outside the tensor (bias[h] of fewer heads)
+            detail = str(e).split(f"tensor {name}, ", 1)[-1]
+            raise IndexError(f"{tensor.source} is read out of range: {detail}") from None
 
     def error(self, what: str, line: str = "") -> TraceError:
         return TraceError(f"{self.fn_name}{' (' + line + ')' if line else ''}: {what}")
+
+
+def _constant_of(t: ir.Term):
+    """The number an index term is where it is one (a literal, or the tracer's `c + 0`), else None."""
+    if t.op == "const":
+        return t.attrs[0]
+    if t.op == "bin" and t.attrs[0] == "add":
+        a, b = (_constant_of(x) for x in t.args)
+        return None if a is None or b is None else a + b
+    return None
 
 
 def _call(tr: _Trace, fn, args: list[S.Expr], dtypes: list[torch.dtype]):
@@ -96,8 +114,8 @@ def trace(score_mod, mask_mod, problem: Problem) -> tuple[Spec, list[torch.Tenso
     index = [torch.int32] * 4   # FlexAttention's index tensors
     if score_mod is not None:
         s = _call(tr, score_mod, [s, b, h, i, j], [torch.float32] + index)
-        if not isinstance(s, S.Expr):
-            s = S._wrap(float(s)) + 0 * S.sum(d, q[b, h, i, d] * k[b, hk, j, d])
+        if not isinstance(s, S.Expr) or j.name not in s.term.free:   # a score of neither the keys nor q k^T
+            s = S._wrap(s if isinstance(s, S.Expr) else float(s)) + 0 * S.sum(d, q[b, h, i, d] * k[b, hk, j, d])
     if mask_mod is not None:
         keep = _call(tr, mask_mod, [b, h, i, j], index)
         if not isinstance(keep, S.Expr):
@@ -142,10 +160,10 @@ def index_text(t: ir.Term) -> str:
     return ir.show(clean(t))
 
 
-_VALUES = (int, float, bool, complex, str, bytes, type(None))
+_VALUES = (int, float, bool, complex, str, bytes, type(None), np.generic)   # numbers numpy's among them
 
 
-_OPAQUE = (ModuleType, type, torch.dtype, torch.device)
+_OPAQUE = (type, torch.dtype, torch.device)
 
 
 def reads(fn) -> tuple:
@@ -189,13 +207,17 @@ def _reads_of(v, out: list, seen: set, names: frozenset, depth: int) -> None:
         cells = [c.cell_contents for c in v.__closure__ or () if _filled(c)]
         parts = cells + [v.__globals__[n] for n in sorted(names) if n in v.__globals__]
         parts += list(v.__defaults__ or ()) + list((v.__kwdefaults__ or {}).values())
+    elif isinstance(v, ModuleType):   # a module: the values the code names in it (cfg.WINDOW), not its functions
+        found = [v.__dict__[n] for n in sorted(names) if n in v.__dict__]
+        parts = [x for x in found if not callable(x) and not isinstance(x, ModuleType)]
     elif callable(v) and not hasattr(v, "__dict__"):   # a builtin
         return
-    else:   # an object: the attributes of it that the code names (self.scale, cfg.window)
-        parts = [getattr(v, n) for n in sorted(names) if n in getattr(v, "__dict__", {})]
-        call = getattr(type(v), "__call__", None)
-        if call is not None and hasattr(call, "__code__"):
-            parts.append(call)
+    else:   # an object: the attributes of it that the code names (self.scale, cfg.window), and those its own
+        # __call__ (or an nn.Module's forward) reads through self when it is the callable itself
+        methods = [m for m in (getattr(type(v), "__call__", None), getattr(type(v), "forward", None))
+                   if m is not None and hasattr(m, "__code__")]
+        names = frozenset(names).union(*(_code_names(m.__code__) for m in methods))
+        parts = [getattr(v, n) for n in sorted(names) if n in getattr(v, "__dict__", {})] + methods[:1]
     for p in parts:
         _reads_of(p, out, seen, names, depth + 1)
 
