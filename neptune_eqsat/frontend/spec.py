@@ -282,14 +282,12 @@ class Spec:
 
     def _fractional(self, t: Term) -> Term | None:
         """The part of an index term that can take a value that is not a whole number (a fraction, a true
-        division, a floating-point input, exp of an integer), or None: indices are positions."""
+        division, exp of an integer), or None: indices are positions. A floating-point input read as an index
+        holds whole numbers (a label kept as a float, as the shipped cross-entropy specs keep it)."""
         if t.op == "const":
             return None if float(t.attrs[0]).is_integer() else t
-        if t.op == "load":
-            tensor = self.inputs.get(t.attrs[0])
-            return t if tensor is not None and tensor.dtype in ir.FLOAT_DTYPES else None
-        if t.op == "cast":
-            return t if t.attrs[0] in ir.FLOAT_DTYPES else None
+        if t.op in ("load", "cast"):
+            return None
         if t.op == "un":
             if t.attrs[0] in ("floor", "ceil", "round", "trunc"):
                 return None
