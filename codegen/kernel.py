@@ -43,6 +43,11 @@ class KernelWriter(Loads, TileReductions):
 
     def __init__(self, sched: Schedule, name: str):
         self.s, self.spec, self.name = sched, sched.spec, name
+        # what states and partial results are kept in: fp32, or fp64 where the spec reads or writes fp64 (an
+        # fp64 spec would otherwise be less exact than torch's fp32)
+        dtypes = [t.dtype for t in self.spec.inputs.values()] + [self.spec.output_dtype] + \
+            [o.dtype for o in self.spec.also]
+        self.fp = "float64" if "f64" in dtypes else "float32"
         self.loop, self.row, self.col = sched.loop, sched.row, sched.col
         self.tile_axes = [a for a in (self.row, self.loop, self.col) if a] + list(sched.inner)
         self.chunked = set(sched.chunked)   # in-tile axes reduced in a loop of blocks (chunked_reduction)

@@ -51,6 +51,8 @@ class Loads:
         else:   # the copy engine where the launcher could build a descriptor, pointer loads otherwise
             var = self.fresh("ld")
             self.blocks[blk] += ["if USE_TMA:", f"    {var} = {via_descriptor}", "else:", f"    {var} = {pointer_load}"]
+        if self.spec.inputs[name].dtype in ("i8", "u8", "i16"):   # their arithmetic in 32 bits, as positions'
+            var = self.put(blk, f"{var}.to({self.lang}.int32)")     # (an int8 product wraps past 127)
         v = Val(var, order, value_dtype(self.spec.inputs[name].dtype))
         self.cache[key] = v
         return v

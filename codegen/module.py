@@ -396,7 +396,7 @@ def _split_parts(sched: Schedule, comb: Combine, name: str, out_alloc: str, gpu:
               f"    {comb.chunk_dim} = max(-(-{n} // chunk_len), 1)   # no empty chunks"]
     for p in comb.partials:
         shape = ", ".join([comb.chunk_dim] + [w.ext(a) for a in p.axes])
-        launch.append(f"    {p.name} = _empty(rec, ({shape},), torch.float32, device)")
+        launch.append(f"    {p.name} = _empty(rec, ({shape},), torch.{w.fp}, device)")
     launch += [out_alloc, "    combine_cfg = dict(cfg['COMBINE'])",
                "    in_kernel = combine_cfg.pop('in_kernel', 1)",
                f"    combine_cfg[{crow!r}] = min(combine_cfg[{crow!r}], cfg[{row!r}])   # whole row blocks of a tile",

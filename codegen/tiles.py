@@ -83,7 +83,7 @@ class TileReductions:
         finally:
             del self.kblock[k]
         shape = ", ".join(self.block(a) for a in axes)
-        self.blocks[blk] += [f"{acc} = {self.lang}.full([{shape}], {IDENTITY_CODE[reducer]}, {self.lang}.float32)",
+        self.blocks[blk] += [f"{acc} = {self.lang}.full([{shape}], {IDENTITY_CODE[reducer]}, {self.lang}.{self.fp})",
                              f"for {k}_start in range(0, {self.ext(k)}, {self.block(k)}):"]
         self.blocks[blk] += ["    " + line for line in self.blocks.pop(inner)] + [f"    {acc} = {step}"]
         return self.reorder(Val(acc, axes, "f32"), blk)
@@ -120,7 +120,7 @@ class TileReductions:
         """x as a float tile over `axes` (a superset of its own)."""
         if x.axes == axes:
             return x
-        zeros = f"{self.lang}.zeros([{', '.join(self.block(a) for a in axes)}], {self.lang}.float32)"
+        zeros = f"{self.lang}.zeros([{', '.join(self.block(a) for a in axes)}], {self.lang}.{self.fp})"
         return Val(self.put(blk, f"{self.expand(x, axes)} + {zeros}"), axes, "f32")
 
     def reorder(self, v: Val, blk: str) -> Val:
@@ -138,7 +138,7 @@ class TileReductions:
         var = self.fresh("r")
         shape = ", ".join(self.block(a) for a in axes)
         L = self.lang
-        self.blocks[block].append(f"{var} = {L}.full([{shape}], {IDENTITY_CODE[r.attrs[0]]}, {L}.float32)"
+        self.blocks[block].append(f"{var} = {L}.full([{shape}], {IDENTITY_CODE[r.attrs[0]]}, {L}.{self.fp})"
                                   f"  # {ir.show(r)[:90]}")
         self.state[r] = Val(var, axes, "f32")
 

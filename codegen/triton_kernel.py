@@ -300,7 +300,7 @@ def _output_tile(w: KernelWriter, term, stem: str, axes: tuple[str, ...], index:
     v = w.emit(term)
     value = w.expand(w.as_float(v), out_tile)
     if set(v.axes) != set(out_tile) or term.op == "const":   # broadcast; a literal made a Triton value
-        value = f"({value} + tl.zeros([{', '.join(w.block(a) for a in out_tile)}], tl.float32))"
+        value = f"({value} + tl.zeros([{', '.join(w.block(a) for a in out_tile)}], tl.{w.fp}))"
     ptr = " + ".join([f"{stem}_ptr"] + [f"{w.expand(w.emit(x), out_tile)} * {stem}_s{k}" for k, x in enumerate(index)])
     checks = [w.expand(Val(f"valid_{a}", (a,), "bool"), out_tile) for a in out_tile if w.padded(a) and a not in skip]
     return value, ptr, checks, out_tile

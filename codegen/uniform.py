@@ -116,7 +116,7 @@ def uniform_load(w, t: Term, order: tuple[str, ...], blk: str, gather: str,
     one = " and ".join(f"({lo} == {hi})" for lo, hi in bounds)
     offset = " + ".join(f"{lo}.to(tl.int64) * {name}_s{k}" for k, (lo, _) in enumerate(bounds))
     shape = ", ".join(w.block(a) for a in order)
-    value = f"tl.zeros([{shape}], tl.float32) + tl.load({name}_ptr + {offset}).to(tl.float32)"
+    value = f"tl.zeros([{shape}], tl.{w.fp}) + tl.load({name}_ptr + {offset}).to(tl.{w.fp})"
     if mask:
         value = f"tl.where({mask}, {value}, 0.0)"
     var = w.fresh("ld")

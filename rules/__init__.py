@@ -23,4 +23,18 @@ FAMILIES = {"algebra": (algebra, ALGEBRA), "reduction": (reduction, REDUCTION),
 TERM_FAMILIES = {"statistics": STATISTICS}
 ALL_RULES = ALGEBRA + REDUCTION + SUBSTITUTION + ROLLING + SCALAR + SPLITK + STATISTICS
 
+
+def _names_once(rules) -> None:
+    """Each rule name once: egglog refuses a second rule of a name (a panic, at the first compile), and the
+    command line selects rules by name."""
+    seen: dict[str, str] = {}
+    for r in rules:
+        if r.name in seen:
+            raise ValueError(f"rule {r.name!r} is declared twice (families {seen[r.name]} and {r.family}): "
+                             "give the new rule a name of its own, or remove the old one")
+        seen[r.name] = r.family
+
+
+_names_once(ALL_RULES)
+
 __all__ = ["FAMILIES", "TERM_FAMILIES", "ALL_RULES", "analysis"]

@@ -169,9 +169,12 @@ def _check_accumulated(sched: Schedule, o, t: Term) -> None:
     axis, and run along no long axis but the loop's."""
     spec, row, loop = sched.spec, sched.row, sched.loop
     name = f"spec {spec.name}: output {o.name}"
+    # the first output declared shapes the kernel; one declared later with more axes may fit as the first
+    hint = (f" (outputs are declared first to last with the kernel's shape taken from the first: declare "
+            f"{o.name}, which has more axes than {spec.output_name}, first)") if len(o.axes) > len(spec.output_axes) else ""
     if loop is None or sched.writes_loop or row is None or loop not in o.axes:
         raise SpecError(f"{name} runs along {', '.join(a for a in o.axes if a not in spec.output_axes)}, which the "
-                        f"kernel of {spec.output_name} neither loops over nor holds whole in a tile")
+                        f"kernel of {spec.output_name} neither loops over nor holds whole in a tile{hint}")
     others = [a for a in o.axes if a not in spec.output_axes and a != loop and is_large(spec.extent(a))]
     across = {x.attrs[1] for x in ir.walk(t) if ir.is_reduction(x)} & set(sched.grid)
     if others or across:
@@ -180,7 +183,7 @@ def _check_accumulated(sched: Schedule, o, t: Term) -> None:
     if linear_in_sums(t, row) != "linear":
         raise SpecError(f"{name} runs along {loop}, which the kernel of {spec.output_name} loops over: written at "
                         f"every block, each program adding its share, it must be linear in sums over {row} (the "
-                        f"rows the programs divide), with nothing added outside them")
+                        f"rows the programs divide), with nothing added outside them{hint}")
     if o.dtype != "f32":
         raise SpecError(f"{name} is accumulated across programs in fp32, not {o.dtype}")
 
