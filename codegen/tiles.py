@@ -37,6 +37,9 @@ class TileReductions:
         if zero_invalid:
             va = Val(self.put(blk or self.ctx.body, f"{self.lang}.where(valid_{k}[None, :], {va.code}, 0.0)"), va.axes,
                      va.dtype)
+            if not _loaded(b):   # a value computed from padded positions' loads can be 0 / 0: NaN * 0 is NaN
+                vb = Val(self.put(blk or self.ctx.body, f"{self.lang}.where(valid_{k}[:, None], {vb.code}, 0.0)"),
+                         vb.axes, vb.dtype)
         va, vb = self.rounded_product(a, va, vb, blk), self.rounded_product(b, vb, va, blk)
         if va.dtype != vb.dtype or va.dtype not in ("f16", "bf16"):
             va, vb = self.as_float(va), self.as_float(vb)
@@ -170,3 +173,10 @@ class TileReductions:
             raise SpecError(f"{ir.show(r)}: block result {part.axes} does not match its state {st.axes}")
         combine = self.combine_code(reducer)
         self.blocks[blk].append(f"{st.code} = {combine.format(cur.code, part.code)}")
+
+
+def _loaded(t: Term) -> bool:
+    """Is t an input's value as loaded (a cast of it too)? A padded position loads 0, finite in a product."""
+    while t.op == "cast":
+        t = t.args[0]
+    return t.op == "load"

@@ -171,7 +171,9 @@ def run_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ou
     by_term = dict(zip(saved_terms(compiled.spec), saved)) if saved else {}
     grads = compiled.backward(names).grads(_named_inputs(query, key, value, captures), out, grad.contiguous(),
                                            by_term)   # each kernel run by run_kernels
-    return [grads[n] for n in names]
+    # a capture the kernels read converted (float64 read as fp32) gets its gradient in its own dtype and place
+    return [grads[n].to(device=t.device, dtype=t.dtype) for n, t in zip(names, _wrt_tensors(query, key, value,
+                                                                                            captures, wrt))]
 
 
 backward_op = torch.library.custom_op("neptune_eqsat::flex_attention_backward", run_backward, mutates_args=())
@@ -191,7 +193,7 @@ def _setup_backward(ctx, inputs, output) -> None:
     query, key, value, captures, plan = inputs
     ctx.plan = plan
     ctx.wants = [t.requires_grad for t in (query, key, value)] + \
-        [c.requires_grad and c.dtype in DTYPES for c in captures]
+        [c.requires_grad and c.is_floating_point() for c in captures]
     out, saved = (output[0], output[1:]) if isinstance(output, (list, tuple)) else (output, [])
     ctx.saved_count = len(saved)
     ctx.save_for_backward(query, key, value, out, *saved, *captures)
@@ -219,8 +221,11 @@ train_op.register_autograd(_backward, setup_context=_setup_backward)
 @train_op.register_fake
 def _(query, key, value, captures, plan):
     from neptune_eqsat.training import saved_terms
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
     score_mod, mask_mod, scale, enable_gqa, lse = _CALLABLES[plan]
-    spec = trace(score_mod, mask_mod, _problem(query, key, value, scale, enable_gqa, lse))[0]
+    problem = _problem(query, key, value, scale, enable_gqa, lse)
+    with unset_fake_temporarily():   # the callables read their real captured tensors while they are traced
+        spec = trace(score_mod, mask_mod, problem)[0]
     rows = query.shape[:3]
     return [query.new_empty(*rows, value.shape[-1])] + \
         [query.new_empty(*rows, dtype=torch.float32) for _ in saved_terms(spec)]

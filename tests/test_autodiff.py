@@ -17,6 +17,7 @@ from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
 from neptune_eqsat.spec import Spec, cast, exp, load_spec, sqrt, sum, tanh, where
 from neptune_eqsat.spec import max as smax
 from neptune_eqsat.training import Differentiable
+from conftest import spec_variant
 
 DT = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 
@@ -240,6 +241,16 @@ def test_norm_gradients():
     spec.validate()
     errors = _check_gradients(spec, {"R": 3, "N": 40})
     assert set(errors) == {"x", "w"}
+
+
+@pytest.mark.parametrize("S", [7, 17])
+def test_attention_then_a_norm_of_its_rows_at_lengths_off_the_blocks(tmp_path, S):
+    """The dV kernel of attention followed by an RMSNorm multiplies the probabilities by a value computed from
+    each query row's saved statistics: a padded row loads them as 0, 0 / 0, and NaN * 0 filled every dV with
+    NaN at lengths not a multiple of the block; both operands of such a product are zeroed outside."""
+    path = spec_variant(tmp_path, "attention_rmsnorm", {"H, D = 32, 128": "H, D = 2, 16"})
+    errors = _check_gradients(load_spec(path), {"B": 1, "S": S})
+    assert set(errors) >= {"v"}
 
 
 def test_undifferentiable_input_is_named():

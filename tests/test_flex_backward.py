@@ -166,6 +166,37 @@ def test_gradients_under_torch_compile_match_eager():
         assert torch.equal(a, b)
 
 
+def test_gradients_under_torch_compile_with_captured_tensors_match_eager():
+    """Callables that capture tensors (a fixed bias, learnable fp32 and float64 slopes) under fullgraph
+    compile with gradients wanted (before: the training operator's fake traced the callables under fake
+    tensors and failed), and a float64 capture gets its gradient, in float64 (before: none)."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 2, 13, 16, generator=g).to(DEVICE).requires_grad_()
+    bias = torch.randn(2, generator=g).to(DEVICE)
+    slopes = [torch.rand(2, generator=g, dtype=dt).to(DEVICE).requires_grad_() for dt in (torch.float32,
+                                                                                      torch.float64)]
+
+    def biased(s, b, h, qi, ki):   # made outside the compiled function, as fullgraph needs
+        return s + bias[h] + (slopes[0][h] + slopes[1][h]) * (ki - qi)
+
+    def loss(q):
+        return flex_attention(q, q, q, score_mod=biased).square().sum()
+    loss(q).backward()
+    eager = [t.grad.clone() for t in (q, *slopes)]
+    assert slopes[1].grad.dtype == torch.float64
+    for t in (q, *slopes):
+        t.grad = None
+    torch.compile(loss, fullgraph=True)(q).backward()
+    for a, b in zip(eager, (q.grad, *(s.grad for s in slopes))):
+        assert torch.equal(a, b)
+    qd, sd = q.detach().double().cpu().requires_grad_(), [s.detach().double().cpu().requires_grad_() for s in slopes]
+    pos = torch.arange(13, dtype=torch.float64)
+    scores = qd @ qd.transpose(-1, -2) / 4 + bias.cpu().double()[:, None, None] + \
+        (sd[0] + sd[1])[:, None, None] * (pos[None, :] - pos[:, None])
+    (torch.softmax(scores, -1) @ qd).square().sum().backward()   # float64 autograd of the plain math
+    assert (slopes[1].grad.cpu() - sd[1].grad).abs().max() <= 1e-2 * sd[1].grad.abs().max()
+
+
 def test_the_training_forward_writes_what_the_backward_reads(monkeypatch):
     """With gradients wanted, the forward kernel also writes the row max and row sum; the backward reads them
     and runs no kernel of its own to compute them again."""

@@ -200,6 +200,27 @@ def test_an_extracted_term_that_computes_something_else_is_rejected(monkeypatch)
     assert disagreement(spec, result.chosen.term) == ""
 
 
+def test_validation_sees_a_wrong_term_behind_a_mask_read_from_a_small_table(tmp_path):
+    """A mask of key lengths read per row from a table of two rows, as a FlexAttention capture read at b: the
+    validation's sizes stay inside the table, and its lengths keep some keys and mask others, so a wrong
+    extraction cannot hide behind rows that read past the table (before: an evaluation error, no verdict) or
+    behind lengths that mask every key (both values all zero)."""
+    from neptune_eqsat.plan.validate import disagreement
+    path = tmp_path / "lengths.py"
+    path.write_text("from neptune_eqsat.spec import *\nspec = Spec('lengths')\nR, N = spec.dims(R=64, N=64)\n"
+                    "r, j = spec.axes(r=R, j=N)\nx = spec.input('x', f32, R, N)\nlens = spec.input('lens', i32, 2)\n"
+                    "s = where(j < lens[r + 0], x[r, j], -inf)\nm = max(j, s)\n"
+                    "spec.output('lse', f32, where(m == -inf, -inf, m + log(sum(j, exp(s - m)))), r)\n")
+    spec = load_spec(path)
+    assert disagreement(spec, spec.output_term) == ""
+    r, j = ir.axis("r"), ir.axis("j")
+    s_ = next(t for t in ir.walk(spec.output_term) if t.op == "where" and t.args[1].op == "load")
+    m = ir.red("max", "j", s_)
+    wrong = ir.bin("add", m, ir.un("log", ir.red("sum", "j", ir.un("exp", ir.bin("mul", s_, m)))))
+    assert "its lse differs from the spec's" in disagreement(spec, ir.where(ir.bin("eq", m, ir.const(-math.inf)),
+                                                                            ir.const(-math.inf), wrong))
+
+
 def test_when_every_extraction_is_malformed_the_spec_as_written_is_compiled(monkeypatch):
     """An extraction that does not read as a term of the spec (rare, not reproducible) costs a second
     saturation and at worst the fusion, never the kernel: the compiler saturates afresh, then falls back to

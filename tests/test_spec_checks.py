@@ -61,8 +61,8 @@ def test_a_constant_output_compiles_and_fills_its_shape(tmp_path, name, value, a
     ("statistic_first", ROWS.format(dt="f32") + "m = max(j, x[r, j])\nl = sum(j, exp(x[r, j] - m))\n"
      "spec.output('lse', f32, m + log(l), r)\nspec.output('y', f32, exp(x[r, j] - m) / l, r, j)\n",
      r"output y runs along j.*declare y, which has more axes than lse, first"),
-    ("negative_axis", "R = spec.dims(R=64)\nr, q = spec.axes(r=R, q=-3)\n", r"axis q: extent must be at least 1"),
-    ("empty_input", "R = spec.dims(R=64)\nt = spec.input('t', f32, R, 0)\n", r"input t: a fixed size must be at least 1"),
+    ("negative_axis", "R = spec.dims(R=64)\nr, q = spec.axes(r=R, q=-3)\n", r"axis q: extent must be at least 1, got -3"),
+    ("empty_input", "R = spec.dims(R=64)\nt = spec.input('t', f32, R, 0)\n", r"input t: shape entries must be at least 1, got 0"),
     ("zero_typical_size", "R = spec.dims(R=0)\n", r"dim R: the typical size must be a positive int"),
 ])
 def test_malformed_specs_are_refused_with_the_problem_named(tmp_path, name, body, message):

@@ -204,8 +204,10 @@ def random_inputs(spec: Spec, sizes: dict[str, int], seed: int = 0, device: str 
             x = torch.randint(0, roles[name], shape, generator=g).to(torch.float64)
         elif t.dtype == "bool":
             x = torch.rand(shape, generator=g) < 0.5
-        elif t.dtype in ir.INT_DTYPES:   # small integers, both signs where the dtype holds them
-            x = torch.randint(0 if t.dtype == "u8" else -20, 21, shape, generator=g)
+        elif t.dtype in ir.INT_DTYPES:   # integers around the positions (a length per row compared with j
+            # keeps some keys and masks others), both signs where the dtype holds them
+            top = min(max(sizes.values(), default=17) + 3, 127)
+            x = torch.randint(0 if t.dtype == "u8" else -3, top, shape, generator=g)
         else:
             x = torch.rand(shape, generator=g) * 1.5 + 0.5 if t.positive else torch.randn(shape, generator=g)
         out[name] = x.to(getattr(torch, ir.TORCH_NAMES[t.dtype])).to(device)

@@ -27,6 +27,7 @@ from neptune_eqsat import ir
 from neptune_eqsat.ir import ops
 from neptune_eqsat.ir import Term
 from neptune_eqsat.frontend.conditions import index_max, is_index_condition, negate
+from neptune_eqsat.frontend.spec_checks import extent_problem, fractional_part, size_of_no_input
 
 __all__ = ["Spec", "Dim", "SpecError", "f16", "bf16", "f32", "f64", "i8", "u8", "i16", "i32", "i64", "inf", "nan", "sum", "max", "min", "where", "cast",
            "load_spec"]
@@ -199,7 +200,7 @@ class Spec:
         spec.dims(B=1, S=4096). Positional names get 1024."""
         out = []
         for n, size in [(n, 1024) for n in names] + list(typical.items()):
-            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            if extent_problem(size, ()):
                 raise _fail(f"dim {n}: the typical size must be a positive int, got {size!r}")
             self.dims_[n] = Dim(n)
             self.typical[n] = size
@@ -209,10 +210,8 @@ class Spec:
     def axes(self, **extents: Extent):
         out = []
         for n, ext in extents.items():
-            if not isinstance(ext, (int, Dim)) or isinstance(ext, bool):
-                raise _fail(f"axis {n}: extent must be an int or a Dim, got {ext!r}")
-            if isinstance(ext, int) and ext < 1:
-                raise _fail(f"axis {n}: extent must be at least 1, got {ext}")
+            if why := extent_problem(ext, Dim):
+                raise _fail(f"axis {n}: extent {why}")
             self.axes_[n] = ext
             out.append(Axis(n, ext))
         return out[0] if len(out) == 1 else out
@@ -224,12 +223,9 @@ class Spec:
         if dtype not in ir.DTYPES:
             raise _fail(f"input {name}: unknown dtype {dtype!r} (one of {', '.join(ir.DTYPES)})")
         for s in shape:
-            if not isinstance(s, (int, Dim)) or isinstance(s, bool):
+            if why := extent_problem(s, Dim):
                 hint = " (a size computed from others, as 2 * S - 1, is a Dim of its own: spec.dims(R=...))"
-                raise _fail(f"input {name}: shape entries must be ints or Dims, got {s!r}{hint * isinstance(s, Expr)}")
-            if isinstance(s, int) and s < 1:
-                raise _fail(f"input {name}: a fixed size must be at least 1, got {s} (a size known at run time is "
-                            f"a Dim)")
+                raise _fail(f"input {name}: shape entries {why}{hint * isinstance(s, Expr)}")
         t = Tensor(self, name, dtype, tuple(shape), positive, source)
         self.inputs[name] = t
         return t
@@ -243,8 +239,7 @@ class Spec:
             if not isinstance(a, Axis):
                 raise _fail(f"output {name}: {a!r} is not an axis (pass the axis objects spec.axes returned)")
         names = tuple(a.name for a in axes)
-        repeated = sorted({n for n in names if names.count(n) > 1})
-        if repeated:
+        if repeated := sorted({n for n in names if names.count(n) > 1}):
             raise _fail(f"output {name}: axis {', '.join(repeated)} is named more than once among the output axes "
                         f"{list(names)} (each output dimension needs an axis of its own)")
         extra = e.term.free - set(names)
@@ -266,7 +261,7 @@ class Spec:
         for a in t.free:
             if a not in self.axes_:
                 raise _fail(f"tensor {tensor}, dimension {pos}: unknown axis {a}")
-        fractional = self._fractional(t)
+        fractional = fractional_part(t)
         if fractional is not None:
             raise _fail(f"tensor {tensor}, dimension {pos}: index {ir.show(t)} is not a whole number "
                         f"({ir.show(fractional)} can be fractional; round it with floor, or use // for a division)")
@@ -280,28 +275,6 @@ class Spec:
         if hi is not None and isinstance(ext, int) and hi >= ext:
             raise _fail(f"tensor {tensor}, dimension {pos}: index {ir.show(t)} reaches {hi}, beyond extent {ext}")
 
-    def _fractional(self, t: Term) -> Term | None:
-        """The part of an index term that can take a value that is not a whole number (a fraction, a true
-        division, exp of an integer), or None: indices are positions. A floating-point input read as an index
-        holds whole numbers (a label kept as a float, as the shipped cross-entropy specs keep it)."""
-        if t.op == "const":
-            return None if float(t.attrs[0]).is_integer() else t
-        if t.op in ("load", "cast"):
-            return None
-        if t.op == "un":
-            if t.attrs[0] in ("floor", "ceil", "round", "trunc"):
-                return None
-            if not ops.UN[t.attrs[0]].keeps_integer:
-                return t
-        if t.op == "bin":
-            if t.attrs[0] == "floordiv" or t.attrs[0] in ir.LOGIC or ops.BIN[t.attrs[0]].group == "compare":
-                return None
-            if t.attrs[0] == "div":
-                return t
-        if t.op == "where":   # the condition is a truth value; either branch may be the index
-            return next((f for f in map(self._fractional, t.args[1:]) if f is not None), None)
-        return next((f for f in map(self._fractional, t.args) if f is not None), None)
-
     def retyped(self, dtype: str) -> Spec:
         """The same computation with its 16-bit floating-point inputs, casts and output in `dtype` (bf16 for
         an fp16 spec, say); inputs of other dtypes (fp32 slopes, integer ids) keep theirs."""
@@ -313,11 +286,11 @@ class Spec:
 
         def new(old: str) -> str:
             return dtype if old in sixteen else old
-        casts = {t: Term("cast", (new(t.attrs[0]),), t.args, t.origin) for t in ir.walk(self.root_term)
-                 if t.op == "cast"}
+        def cast_to_new(x: Term) -> Term:
+            return Term("cast", (new(x.attrs[0]),), x.args, x.origin) if x.op == "cast" else x
         out = replace(self, inputs={}, derived=dict(self.derived), output_dtype=new(self.output_dtype or ""),
-                      output_term=_substitute_bottom_up(self.output_term, casts),
-                      also=tuple(replace(o, dtype=new(o.dtype), term=_substitute_bottom_up(o.term, casts))
+                      output_term=ir.bottom_up(self.output_term, cast_to_new),
+                      also=tuple(replace(o, dtype=new(o.dtype), term=ir.bottom_up(o.term, cast_to_new))
                                  for o in self.also))
         for n, t in self.inputs.items():
             out.inputs[n] = Tensor(out, n, new(t.dtype), t.shape, t.positive, t.source)
@@ -334,23 +307,14 @@ class Spec:
     def validate(self) -> None:
         if self.output_term is None:
             raise SpecError(f"spec {self.name}: no output (call spec.output(name, dtype, value, *axes))")
-        carried = {e.name for t in self.inputs.values() for e in t.shape if isinstance(e, Dim)} | set(self.derived)
-        used_axes = set(self.output_axes) | {a for o in self.also for a in o.axes}
         for t in ir.walk(self.root_term):
-            if ir.is_reduction(t):
-                ax = t.attrs[1]
-                if ax not in t.args[0].free:
-                    raise _fail(f"{t.attrs[0]} over {ax}: the reduced value does not depend on {ax}", t.origin)
-                used_axes.add(ax)
-            if t.op == "dim" and t.attrs[0] not in carried:
-                raise _fail(f"size {t.attrs[0]} is the size of no input's dimension, so a call cannot know it "
-                            f"(declare an input with it in its shape)", t.origin)
-        for ax in sorted(used_axes):
-            ext = self.axes_.get(ax)
-            if isinstance(ext, Dim) and ext.name not in carried:
-                raise SpecError(f"spec {self.name}: axis {ax} runs over {ext.name}, the size of no input's "
-                                f"dimension, so a call cannot know it (declare the inputs with {ext.name} in their "
-                                f"shape, or give axis {ax} a fixed extent)")
+            if ir.is_reduction(t) and t.attrs[1] not in t.args[0].free:
+                raise _fail(f"{t.attrs[0]} over {t.attrs[1]}: the reduced value does not depend on {t.attrs[1]}",
+                            t.origin)
+        problem = size_of_no_input(self)
+        if problem is not None:
+            message, origin = problem
+            raise _fail(message, origin) if origin else SpecError(f"spec {self.name}: {message}")
 
 
 def _further_output(spec: Spec, name: str, dtype: str, term: Term, axes: tuple[str, ...]) -> Output:
@@ -359,18 +323,6 @@ def _further_output(spec: Spec, name: str, dtype: str, term: Term, axes: tuple[s
     if name in [spec.output_name, *(o.name for o in spec.also)] or name in spec.inputs:
         raise _fail(f"output {name}: the name is taken")
     return Output(name, dtype, term, axes)
-
-
-def _substitute_bottom_up(t: Term, rename: dict[Term, Term]) -> Term:
-    """t with each sub-term in `rename` replaced, children first (a renamed term may hold renamed ones)."""
-    memo: dict[Term, Term] = {}
-
-    def go(x: Term) -> Term:
-        if x not in memo:
-            y = Term(x.op, x.attrs, tuple(go(a) for a in x.args), x.origin) if x.args else x
-            memo[x] = Term(y.op, rename[x].attrs, y.args, y.origin) if x in rename else y
-        return memo[x]
-    return go(t)
 
 
 def _un(fn: str, x) -> Expr:
