@@ -211,9 +211,9 @@ def _match(sched: Schedule, name: str) -> WarpSpecialized:
 def _gluon_blocks(line: str, w: GluonWriter) -> str:
     """A line of the loop code shared with the Triton kernel, with the row and loop blocks under the names the
     Gluon kernel gives them (BLOCK_I, BLOCK_J)."""
-    for ax, name in ((w.row, "BLOCK_I"), (w.loop, "BLOCK_J")):
-        line = re.sub(rf"\bBLOCK_{ax.upper()}\b", name, line)
-    return line
+    names = {f"BLOCK_{w.row.upper()}": "BLOCK_I", f"BLOCK_{w.loop.upper()}": "BLOCK_J"}
+    # one pass: renaming one after the other would rename a row axis j's BLOCK_I again, to BLOCK_J
+    return re.sub(r"\bBLOCK_\w+\b", lambda m: names.get(m.group(0), m.group(0)), line)
 
 
 def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:

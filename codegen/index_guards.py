@@ -62,8 +62,25 @@ def _interval(spec, t: Term) -> tuple[str, str] | None:
         if fn == "floordiv":
             return f"math.floor({alo} / {c})", f"math.floor({ahi} / {c})"
         same = f"math.floor({alo} / {c}) == math.floor({ahi} / {c})"   # within one period: no wrap
+        if not _unit_step(ar[0]):   # a wrap then leaves gaps ((3 j) % 6 takes 0 and 3): no exact bounds
+            return None
         return f"({alo} % {c} if {same} else 0)", f"({ahi} % {c} if {same} else {c} - 1)"
     return None
+
+
+def _unit_step(t: Term) -> bool:
+    """Does t take every integer between its bounds (an axis shifted by constants and sizes, or negated)?"""
+    if t.op == "axis":
+        return True
+    if t.op == "un" and t.attrs[0] == "neg" or t.op == "cast":
+        return _unit_step(t.args[0])
+    if t.op == "bin" and t.attrs[0] in ("add", "sub"):
+        a, b = t.args
+        if b.op in ("const", "dim"):
+            return _unit_step(a)
+        if a.op in ("const", "dim"):
+            return _unit_step(b)
+    return False
 
 
 def _exact(t: Term) -> bool:
@@ -124,10 +141,14 @@ INDEX_HELPERS = textwrap.dedent('''
     def _num(x, dev):
         return torch.tensor(x, device=dev)
     ''').strip()
-_INFIX = {"add": "+", "sub": "-", "mul": "*", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=",
-          "and": "&", "or": "|", "bitand": "&", "bitor": "|", "bitxor": "^", "shl": "<<", "shr": ">>"}
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "bitand": "&", "bitor": "|", "bitxor": "^", "shl": "<<", "shr": ">>"}
+# comparisons and logic give 0 or 1 as int64, as the kernels take a truth value in arithmetic (torch adds two
+# bools as a logical or), and logic reads any nonzero number as true (not its bits)
 _CALL = {"floordiv": "torch.div({}, {}, rounding_mode='floor')", "mod": "torch.remainder({}, {})",
-         "max": "torch.maximum({}, {})", "min": "torch.minimum({}, {})"}
+         "max": "torch.maximum({}, {})", "min": "torch.minimum({}, {})",
+         "lt": "({} < {}).long()", "le": "({} <= {}).long()", "gt": "({} > {}).long()", "ge": "({} >= {}).long()",
+         "eq": "({} == {}).long()", "ne": "({} != {}).long()",
+         "and": "(({} != 0) & ({} != 0)).long()", "or": "(({} != 0) | ({} != 0)).long()"}
 
 
 def index_code(t: Term, axes: tuple[str, ...], spec) -> str:
@@ -153,7 +174,7 @@ def index_code(t: Term, axes: tuple[str, ...], spec) -> str:
     if op == "bin" and at[0] in _CALL:
         return _CALL[at[0]].format(*(index_code(a, axes, spec) for a in ar))
     if op == "where":
-        return "torch.where({}, {}, {})".format(*(index_code(a, axes, spec) for a in ar))
+        return "torch.where({} != 0, {}, {})".format(*(index_code(a, axes, spec) for a in ar))
     if op == "cast":
         return index_code(ar[0], axes, spec)
     raise SpecError(f"spec {spec.name}: the index {ir.show(t)} of a gradient has no host form in a standalone "

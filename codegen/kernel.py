@@ -223,6 +223,9 @@ class KernelWriter(Loads, TileReductions):
                   for x in xs]
         if fn in ir.LOGIC:   # a number as a truth value (a mask combined with a constant 1): true where nonzero
             xs = [x if x.dtype == "bool" else Val(f"({x.code} != 0)", x.axes, "bool") for x in xs]
+        elif fn not in ir.COMPARE and fn not in BIT_OPS:   # a truth value as the number 0 or 1 in arithmetic:
+            # (a > 0) + (b > 0) is 2 where both hold (1-bit tiles would add to 1)
+            xs = [Val(f"({x.code}).to({self.lang}.int32)", x.axes, "int") if x.dtype == "bool" else x for x in xs]
         ints = all(x.dtype in ("int", "bool") for x in xs)
         if ints and fn == "div":   # a true division of integers (h / 8): in fp32, like torch
             xs, ints = [self.int_as_float(xs[0]), xs[1]], False

@@ -40,8 +40,10 @@ def linear(t: Term) -> dict | None:
     """Integer linear form {symbol or None (constant): coefficient}, symbols being axes and dims."""
     if t.op in ("axis", "dim"):
         return {(t.op, t.attrs[0]): 1}
-    if t.op == "bin" and t.attrs[0] == "floordiv" and t.args[0].op == "axis" and t.args[1].op == "const":
-        return {("div", t.args[0].attrs[0], int(t.args[1].attrs[0])): 1}   # monotone in the axis
+    if t.op == "bin" and t.attrs[0] == "floordiv" and t.args[0].op == "axis" and t.args[1].op == "const" \
+            and t.args[1].attrs[0] >= 1 and t.args[1].attrs[0] == int(t.args[1].attrs[0]):
+        # rising with the axis: a whole divisor of at least 1 (i // 2.5 and i // -1 are no such form)
+        return {("div", t.args[0].attrs[0], int(t.args[1].attrs[0])): 1}
     if t.op == "const":
         v = t.attrs[0]
         return {None: int(v)} if math.isfinite(v) and v == int(v) else None

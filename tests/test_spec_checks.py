@@ -108,3 +108,42 @@ def test_an_fp64_spec_keeps_its_states_in_fp64(tmp_path):
     want = x.var(1, unbiased=False)
     got = on_device(mod.forward, x)
     assert got.dtype == torch.float64 and ((got - want).abs() / want).max() < 1e-8
+
+
+@pytest.mark.parametrize("bound", ["j <= i // 2.5", "j <= 63 + i // -1", "j >= i // 3"])
+def test_key_ranges_of_a_floor_division_by_any_constant(tmp_path, bound):
+    """Only i // c with a whole c >= 1 rises with i: the closed-form key range took i // 2.5 as i // 2 and
+    i // -1 as rising, running unmasked blocks over keys the mask drops."""
+    name = "bound_" + "".join(ch for ch in bound if ch.isalnum())
+    path = write(tmp_path, name, "R, N = spec.dims(R=4096, N=4096)\ni, j = spec.axes(i=R, j=N)\n"
+                 f"x = spec.input('x', f32, R, N)\nspec.output('y', f32, sum(j, where({bound}, x[i, j], 0)), i)\n")
+    assert_close(path, {"R": 64, "N": 64})
+
+
+def test_truth_values_add_as_numbers(tmp_path):
+    """(x > 0) + (x > -1) is 2 where both hold (before: 1-bit tiles added to 1)."""
+    path = write(tmp_path, "truths", ROWS.format(dt="f32") + "spec.output('y', f32, (x[r, j] > 0) + (x[r, j] > -1) "
+                 "- (x[r, j] < 0) * 3, r, j)\n")
+    assert_close(path, {"R": 3, "N": 37})
+
+
+def test_an_index_read_from_values_is_checked_as_the_kernel_computes_it(tmp_path):
+    """The launcher's check of an index read from an input's values takes & and | as logic, as the kernel does
+    (before: as bits on int64, so t | 0 with t = 5 was refused and t & 1 with t = 2 let a read of index 1 of a
+    width-1 row through, clamped by the kernel)."""
+    body = "R, N = spec.dims(R=64, N=64)\nr = spec.axes(r=R)\nx = spec.input('x', f32, R, N)\nt = spec.input('t', i64, R)\n"
+    _, either = compiled(write(tmp_path, "index_or", body + "spec.output('y', f32, x[r, t[r] | 0] * 2, r)\n"))
+    x, t = torch.randn(4, 2), torch.tensor([0, 5, 1, 0])
+    assert torch.equal(on_device(either.forward, x, t), x[torch.arange(4), (t != 0).long()] * 2)
+    _, both = compiled(write(tmp_path, "index_and", body + "spec.output('y', f32, x[r, t[r] & 1] * 2, r)\n"))
+    with pytest.raises(IndexError, match=r"t\[r\] & 1\), which takes values 0 to 1, outside the 1 it has"):
+        on_device(both.forward, torch.randn(4, 1), torch.tensor([2, 0, 2, 0]))
+
+
+def test_a_wrapping_index_with_gaps_is_not_refused(tmp_path):
+    """(3 j) % 6 over j < 4 reads 0 and 3, inside a row of 4: the launcher's interval check no longer takes the
+    wrap's [0, 5] as values read (it refused the call)."""
+    path = write(tmp_path, "gapped", "R, M, N = spec.dims(R=64, M=64, N=64)\nr, j = spec.axes(r=R, j=N)\n"
+                 "x = spec.input('x', f32, R, M)\nw = spec.input('w', f32, N)\n"
+                 "spec.output('y', f32, sum(j, x[r, (3 * j) % 6] * w[j]), r)\n")
+    assert_close(path, {"R": 2, "M": 4, "N": 4})
