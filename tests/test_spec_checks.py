@@ -4,7 +4,7 @@ compiled into a kernel that reads garbage."""
 import pytest
 import torch
 
-from conftest import assert_close, compiled, on_device
+from conftest import DEVICE, assert_close, compiled, on_device
 from neptune_eqsat.frontend.reference import evaluate
 from neptune_eqsat.spec import SpecError, load_spec
 
@@ -135,9 +135,11 @@ def test_an_index_read_from_values_is_checked_as_the_kernel_computes_it(tmp_path
     _, either = compiled(write(tmp_path, "index_or", body + "spec.output('y', f32, x[r, t[r] | 0] * 2, r)\n"))
     x, t = torch.randn(4, 2), torch.tensor([0, 5, 1, 0])
     assert torch.equal(on_device(either.forward, x, t), x[torch.arange(4), (t != 0).long()] * 2)
+    if DEVICE != "cpu":   # there the check is a device-side assertion, which would end the CUDA context
+        return
     _, both = compiled(write(tmp_path, "index_and", body + "spec.output('y', f32, x[r, t[r] & 1] * 2, r)\n"))
     with pytest.raises(IndexError, match=r"t\[r\] & 1\), which takes values 0 to 1, outside the 1 it has"):
-        on_device(both.forward, torch.randn(4, 1), torch.tensor([2, 0, 2, 0]))
+        both.forward(torch.randn(4, 1), torch.tensor([2, 0, 2, 0]))
 
 
 def test_a_wrapping_index_with_gaps_is_not_refused(tmp_path):
