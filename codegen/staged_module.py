@@ -19,6 +19,9 @@ def module_source(spec: Spec, stages: list[tuple[Stage, str]], last: Spec, last_
     lines += sources_table({**{st.name: src for st, src in stages}, "last": last_source})
     lines += [f"INPUTS = {tuple(spec.inputs)!r}", "", "",
               "def forward(*inputs, config=None):",
+              "    if config:   # each stage's module has tunables of its own, set in its CONFIG",
+              "        raise TypeError('forward: a module of stages takes no config (each stage runs its own "
+              "module, with its own CONFIG)')",
               "    t = dict(zip(INPUTS, inputs))"]
     lines += [f"    t[{st.name!r}] = _run({st.name!r}, t, {reads(st.spec)})" for st, _ in stages]
     lines += [f"    return _run('last', t, {reads(last)})", ""]

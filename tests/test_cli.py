@@ -129,6 +129,10 @@ def test_optimize_reads_the_measurements_of_the_named_gpu(tmp_path, monkeypatch)
     (["optimize", "softmax", "--shape", "R=five"], "expected NAME=INT"),
     (["optimize", "softmax", "--max-nodes", "-1"], "--max-nodes"),
     (["optimize", "softmax", "--max-seconds", "0"], "--max-seconds"),
+    (["optimize", "softmax", "--shape", "R=\u00b2"], "expected NAME=INT"),   # a digit, but not an ASCII one
+    (["optimize", "softmax", "--device", "sms=0"], "device field sms: must be positive, got 0"),
+    (["optimize", "softmax", "--device", "bandwidth=-3e12"], "device field bandwidth: must be positive"),
+    (["rules", "check", "--examples", "0", "exp-split"], "--examples"),
 ])
 def test_a_users_mistake_is_one_line_and_exit_code_2(command, message):
     args = [str(SPECS / f"{a}.py") if a == "softmax" else a for a in command]
@@ -165,3 +169,16 @@ def test_generated_modules_name_a_wrong_input():
         mod.forward(q[:, :4], k, v)
     with pytest.raises(ValueError, match=r"k: on device meta, but q is on cpu"):
         mod.forward(q, k.to("meta"), v)
+
+
+def test_check_compares_every_output_of_a_spec(tmp_path):
+    """A spec with two outputs (a softmax and its logsumexp): each is compared with float64 (before: the
+    tuple the module returns was taken for one tensor)."""
+    path = tmp_path / "softmax_lse.py"
+    path.write_text("from neptune_eqsat.spec import *\nspec = Spec('softmax_lse')\nR, N = spec.dims(R=64, N=64)\n"
+                    "r, j = spec.axes(r=R, j=N)\nx = spec.input('x', f32, R, N)\nm = max(j, x[r, j])\n"
+                    "l = sum(j, exp(x[r, j] - m))\nspec.output('y', f32, exp(x[r, j] - m) / l, r, j)\n"
+                    "spec.output('lse', f32, m + log(l), r)\n")
+    result = CliRunner().invoke(main, ["check", str(path), "--shape", "R=3,N=7"])
+    assert result.exit_code == 0, result.output
+    assert "softmax_lse R=3,N=7: y: max |error|" in result.output and ": lse: max |error|" in result.output

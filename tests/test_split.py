@@ -87,6 +87,17 @@ def test_the_combine_runs_in_the_partial_kernel_or_in_a_second_one(in_kernel):
         assert all(int(t.abs().sum()) == 0 for t in mod._TICKETS.values())
 
 
+def test_a_config_sets_one_combine_entry_and_a_misspelt_tunable_is_refused():
+    """COMBINE={"in_kernel": 0} changes that entry and keeps the others (before: the table was replaced whole and
+    the call failed on a missing entry); a tunable the module lacks is refused, not ignored."""
+    result, mod = compiled(str(SPECS / "causal_dc.py"))
+    inputs = random_inputs(result.spec, {"B": 1, "Q": 1, "SKV": 29}, seed=4)
+    out = on_device(mod.forward, *inputs.values(), config={"CHUNKS": 2, "COMBINE": {"in_kernel": 0}})
+    assert (out.double() - evaluate(result.spec, inputs)).abs().max().item() <= tolerance("f16")
+    with pytest.raises(KeyError, match=r"config: no tunable 'CHUNK' \(this module's: .*CHUNKS"):
+        on_device(mod.forward, *inputs.values(), config={"CHUNK": 2})
+
+
 @pytest.mark.parametrize("name", [n if n != "softcap_dc" else pytest.param(n, marks=pytest.mark.slow) for n in DECODE])
 def test_the_combine_rolls_over_blocks_of_chunks_in_one_pass(name):   # softcap_dc's combine is gqa_dc's
     """The combine reads every partial once, in one pass: its reductions over chunks are rolled, the running

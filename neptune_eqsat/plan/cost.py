@@ -119,6 +119,9 @@ def parse_device(text: str) -> Device:
                 overrides[key] = _number(key, value)
             except ValueError:
                 raise ValueError(f"device field {key}: {value!r} is not a number") from None
+            if not (overrides[key] >= 0 if key == "launch_seconds" else overrides[key] > 0):   # counts and rates
+                raise ValueError(f"device field {key}: must be {'at least 0' if key == 'launch_seconds' else 'positive'}"
+                                 f", got {value}")
         else:
             raise ValueError(f"unknown device field {key!r}: one of {', '.join(numeric + ['name'])}")
     dev = base or PRESETS["h100"]

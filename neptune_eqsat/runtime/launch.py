@@ -169,6 +169,12 @@ def _measured_config(tuned, tuned_for, gpu_name, shape_bucket):
     return table[shape_bucket] if shape_bucket in table else tuned.get(tuned_for, {}).get(shape_bucket, {})
 
 
+def _over(cfg, config):
+    """cfg with config's entries over it; a table entry (a split plan's COMBINE) entry by entry."""
+    for k, v in config.items():
+        cfg[k] = {**cfg[k], **v} if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
+
+
 def _setup(inputs, gpu_config, interpreter_config, tuned, tuned_for, tensors, config):
     """What a call does before its launches, from the module's data (INPUTS, CONFIG, INTERPRETER_CONFIG, TUNED,
     TUNED_FOR) and the call's tensors and config: check the inputs and read their sizes; choose the tunables
@@ -184,11 +190,14 @@ def _setup(inputs, gpu_config, interpreter_config, tuned, tuned_for, tensors, co
     cfg = dict(interpreter_config if device.type == "cpu" else gpu_config)
     _AHEAD.quick = isinstance(config, _QuickConfig)
     if _AHEAD.quick:
-        for k, v in config.items():
-            cfg[k] = {**cfg[k], **v} if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
+        _over(cfg, config)
         config = None
     if device.type == "cuda" and not _AHEAD.quick:
         cfg.update(_measured_config(tuned, tuned_for, _gpu_name(device), bucket(sizes)))
-    cfg.update(config or {})
+    unknown = sorted(set(config or ()) - set(gpu_config) - set(interpreter_config))
+    if unknown:   # a misspelt tunable would be ignored: the call runs another config than the one asked
+        known = ", ".join(sorted(set(gpu_config) | set(interpreter_config)))
+        raise KeyError(f"config: no tunable {', '.join(map(repr, unknown))} (this module's: {known})")
+    _over(cfg, config or {})
     rec = _Recording(tensors) if device.type == "cuda" and _replay_enabled() and not _warming() else None
     return sizes, device, cfg, rec
