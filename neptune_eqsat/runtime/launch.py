@@ -194,10 +194,11 @@ def _setup(inputs, gpu_config, interpreter_config, tuned, tuned_for, tensors, co
         config = None
     if device.type == "cuda" and not _AHEAD.quick:
         cfg.update(_measured_config(tuned, tuned_for, _gpu_name(device), bucket(sizes)))
-    unknown = sorted(set(config or ()) - set(gpu_config) - set(interpreter_config))
-    if unknown:   # a misspelt tunable would be ignored: the call runs another config than the one asked
-        known = ", ".join(sorted(set(gpu_config) | set(interpreter_config)))
-        raise KeyError(f"config: no tunable {', '.join(map(repr, unknown))} (this module's: {known})")
-    _over(cfg, config or {})
+    if config:
+        unknown = sorted(set(config) - set(gpu_config) - set(interpreter_config))
+        if unknown:   # a misspelt tunable would be ignored: the call runs another config than the one asked
+            known = ", ".join(sorted(set(gpu_config) | set(interpreter_config)))
+            raise KeyError(f"config: no tunable {', '.join(map(repr, unknown))} (this module's: {known})")
+        _over(cfg, config)
     rec = _Recording(tensors) if device.type == "cuda" and _replay_enabled() and not _warming() else None
     return sizes, device, cfg, rec
