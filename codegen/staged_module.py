@@ -4,7 +4,7 @@ inputs and the stages before it, then the last module, which writes the output."
 from __future__ import annotations
 
 from neptune_eqsat import ir
-from neptune_eqsat.codegen.embedded import reads, sources_table
+from neptune_eqsat.codegen.embedded import TORCH_DTYPE, reads, sources_table
 from neptune_eqsat.frontend.spec import Spec
 from neptune_eqsat.plan.stages import Stage
 
@@ -17,11 +17,18 @@ def module_source(spec: Spec, stages: list[tuple[Stage, str]], last: Spec, last_
     lines += [f"{st.name}[{', '.join(st.axes)}] = {ir.show(st.spec.output_term)}" for st, _ in stages]
     lines += [f"{spec.output_name}[{', '.join(spec.output_axes)}] = {ir.show(last.output_term)}", '"""']
     lines += sources_table({**{st.name: src for st, src in stages}, "last": last_source})
-    lines += [f"INPUTS = {tuple(spec.inputs)!r}", "", "",
+    lines += ["INPUTS = {" + ", ".join(f"{n!r}: {TORCH_DTYPE[t.dtype]}" for n, t in spec.inputs.items()) + "}",
+              "", "",
               "def forward(*inputs, config=None):",
               "    if config:   # each stage's module has tunables of its own, set in its CONFIG",
               "        raise TypeError('forward: a module of stages takes no config (each stage runs its own "
               "module, with its own CONFIG)')",
+              "    if len(inputs) != len(INPUTS):",
+              "        raise TypeError(f'forward takes {len(INPUTS)} inputs ({\", \".join(INPUTS)}), got {len(inputs)}')",
+              "    for (name, dtype), x in zip(INPUTS.items(), inputs):   # the stages read them converted",
+              "        if not isinstance(x, torch.Tensor) or x.dtype != dtype:",
+              "            raise TypeError(f'{name}: expected a torch.Tensor of dtype {dtype}, got '",
+              "                            f'{getattr(x, \"dtype\", type(x).__name__)}')",
               "    t = dict(zip(INPUTS, inputs))"]
     lines += [f"    t[{st.name!r}] = _run({st.name!r}, t, {reads(st.spec)})" for st, _ in stages]
     lines += [f"    return _run('last', t, {reads(last)})", ""]

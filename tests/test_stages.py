@@ -123,3 +123,17 @@ def test_a_softmax_s_statistics_are_staged_as_one_log_sum_exp():
     assert not proves(sp.exp(a - m) / sp.Symbol("l", positive=True),
                       sp.exp(a - (m - sp.log(sp.Symbol("l", positive=True)))))
     assert all(r.proof[1] for r in STATISTICS)
+
+
+def test_a_module_of_stages_checks_its_inputs_and_takes_no_config():
+    """Before, a wrong dtype was converted without a word, an extra input dropped, a config ignored."""
+    result = optimize(str(SPECS / "softmax.py"), sizes={"R": 4, "N": 1 << 20})
+    assert result.staged_because
+    mod = load_module(result.source, "softmax_few_long_rows")
+    x = torch.randn(2, 9)
+    with pytest.raises(TypeError, match=r"x: expected a torch.Tensor of dtype torch.float32, got torch.float16"):
+        mod.forward(x.half())
+    with pytest.raises(TypeError, match=r"forward takes 1 inputs \(x\), got 2"):
+        mod.forward(x, x)
+    with pytest.raises(TypeError, match=r"a module of stages takes no config"):
+        mod.forward(x, config={"BLOCK_J": 64})

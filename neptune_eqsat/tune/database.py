@@ -281,7 +281,13 @@ def _main(argv=None) -> None:
     ap.add_argument("--shape", required=True, help="sizes, e.g. B=1,S=4096")
     ap.add_argument("--budget", type=float, default=BUDGET_SECONDS)
     args = ap.parse_args(argv)
-    sizes = {k: int(v) for k, v in (p.split("=") for p in args.shape.split(","))}
+    try:
+        sizes = {k.strip(): int(v) for k, v in (p.split("=") for p in args.shape.split(","))}
+    except ValueError:
+        ap.error(f"--shape {args.shape!r}: expected NAME=INT,..., e.g. B=1,S=4096")
+    import torch
+    if not torch.cuda.is_available():   # tuning times kernels: the interpreter's times say nothing of a GPU's
+        ap.error("tuning measures kernels on a GPU, and torch sees none here")
     spec = importlib.util.spec_from_file_location("tuned_module", args.module)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
