@@ -149,3 +149,12 @@ def test_a_wrapping_index_with_gaps_is_not_refused(tmp_path):
                  "x = spec.input('x', f32, R, M)\nw = spec.input('w', f32, N)\n"
                  "spec.output('y', f32, sum(j, x[r, (3 * j) % 6] * w[j]), r)\n")
     assert_close(path, {"R": 2, "M": 4, "N": 4})
+
+
+def test_a_grouped_output_axis_that_a_reduction_rebinds(tmp_path):
+    """c is an output axis read in groups (v[c // 2, j], which the row-packing layout would pack) and also the
+    variable of a sum elsewhere in the output: no packing then (before: KeyError 'c' planning it)."""
+    path = write(tmp_path, "rebound", "R, N = spec.dims(R=4096, N=256)\nr, j, c = spec.axes(r=R, j=N, c=4)\n"
+                 "x = spec.input('x', f32, R, N)\nz = spec.input('z', f32, R, 4)\nv = spec.input('v', f32, 2, N)\n"
+                 "spec.output('o', f32, sum(j, v[c // 2, j] * x[r, j]) + sum(c, z[r, c]), r, c)\n")
+    assert_close(path, {"R": 3, "N": 5})

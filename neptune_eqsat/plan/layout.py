@@ -37,8 +37,9 @@ def group_reads(term: Term, loop: str) -> list[tuple[str, int]]:
 
 def pack_group_rows(spec: Spec, term: Term, row: str, loop: str) -> tuple[Spec, Term] | None:
     """The spec and term with rows (row, g) of each head group packed into one row axis, or None."""
+    bound = {t.attrs[1] for t in ir.walk(term) if ir.is_reduction(t)}   # an axis a reduction rebinds keeps its name
     pairs = [(h, g) for h, g in group_reads(term, loop) if h in spec.output_axes and isinstance(spec.extent(h), int)
-             and spec.extent(h) % g == 0 and h != row]
+             and spec.extent(h) % g == 0 and h != row and not {h, row} & bound]
     if not pairs or row is None:
         return None
     h, g = pairs[0]
