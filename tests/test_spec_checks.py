@@ -158,3 +158,11 @@ def test_a_grouped_output_axis_that_a_reduction_rebinds(tmp_path):
                  "x = spec.input('x', f32, R, N)\nz = spec.input('z', f32, R, 4)\nv = spec.input('v', f32, 2, N)\n"
                  "spec.output('o', f32, sum(j, v[c // 2, j] * x[r, j]) + sum(c, z[r, c]), r, c)\n")
     assert_close(path, {"R": 3, "N": 5})
+
+
+def test_a_bool_input_with_aligned_rows(tmp_path):
+    """A bool mask whose rows are 16-byte aligned is read through pointers (before: a tensor descriptor was built
+    for it, which Triton refuses for 1-bit elements, and the call failed)."""
+    path = write(tmp_path, "bool_rows", ROWS.format(dt="f32") + "mk = spec.input('mk', bool, R, N)\n"
+                 "spec.output('y', f32, sum(j, where(mk[r, j], x[r, j], 0.0)), r)\n")
+    assert_close(path, {"R": 3, "N": 64})

@@ -27,11 +27,11 @@ def _copy_engine(device):
 def _describable(x, block):
     """Can the copy engine read or write x in blocks of `block`? Not on a GPU before Hopper, for an empty tensor,
     the last dimension not contiguous, the base or another stride not 16-byte aligned, a row of a block under
-    16 bytes or a block side over 256."""
+    16 bytes or a block side over 256; nor a bool tensor (Triton types it as 1-bit, a row of 0 whole bytes)."""
     size = x.element_size()
-    return _copy_engine(x.device) and not (x.numel() == 0 or x.stride(-1) != 1 or x.data_ptr() % 16
-                                           or any(s * size % 16 for s in x.stride()[:-1]) or block[-1] * size < 16
-                                           or max(block) > 256)
+    return _copy_engine(x.device) and not (x.dtype == torch.bool or x.numel() == 0 or x.stride(-1) != 1
+                                           or x.data_ptr() % 16 or any(s * size % 16 for s in x.stride()[:-1])
+                                           or block[-1] * size < 16 or max(block) > 256)
 
 
 def _descriptor(x, block):
