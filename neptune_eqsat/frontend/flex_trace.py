@@ -56,7 +56,7 @@ class _Trace:
                             source=f"the tensor of shape {tuple(t.shape)} that {self.fn_name} captures")
         tensor = self.spec.inputs[name]
         # a constant index below zero counts from the end, as torch's indexing does (t[-1])
-        index = [S._wrap(_constant_of(x.term) + n) if (_constant_of(x.term) or 0) < 0 else x
+        index = [S._wrap(c + n) if (c := _constant_of(x.term)) is not None and c < 0 else x
                  for x, n in zip(index, t.shape)]
         # indices come as `i + 0`: an index may be an axis whose extent is a run-time size, and the tensor's
         # extent is fixed, so it is read at a computed index (checked at run time, bounds.py)

@@ -175,6 +175,13 @@ def output_value(ev: Evaluator, term: Term, axes: tuple[str, ...]) -> torch.Tens
     return (full + _align(value, axes)) if value[1] or axes else value[0]
 
 
+def unshifted(idx: Term) -> Term:
+    """An index without the `+ 0` the FlexAttention tracer adds to it (i + 0 is i)."""
+    while idx.op == "bin" and idx.attrs[0] == "add" and idx.args[1].op == "const" and idx.args[1].attrs[0] == 0:
+        idx = idx.args[0]
+    return idx
+
+
 def index_roles(spec: Spec, sizes: dict[str, int]) -> dict[str, int]:
     """Inputs read as an index of another input (labels, token ids: x[r, target[r]]), with the extent of the
     dimension they index."""
@@ -183,8 +190,7 @@ def index_roles(spec: Spec, sizes: dict[str, int]) -> dict[str, int]:
         if t.op != "load":
             continue
         for pos, idx in enumerate(t.args):
-            while idx.op == "bin" and idx.attrs[0] == "add" and idx.args[1].op == "const" and idx.args[1].attrs[0] == 0:
-                idx = idx.args[0]   # i + 0
+            idx = unshifted(idx)
             if idx.op == "load":
                 ext = spec.inputs[t.attrs[0]].shape[pos]
                 n = ext if isinstance(ext, int) else sizes[ext.name]

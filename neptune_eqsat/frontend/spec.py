@@ -223,7 +223,7 @@ class Spec:
         if dtype not in ir.DTYPES:
             raise _fail(f"input {name}: unknown dtype {dtype!r} (one of {', '.join(ir.DTYPES)})")
         for s in shape:
-            if why := extent_problem(s, Dim):
+            if why := extent_problem(s, Dim, "ints or Dims"):
                 hint = " (a size computed from others, as 2 * S - 1, is a Dim of its own: spec.dims(R=...))"
                 raise _fail(f"input {name}: shape entries {why}{hint * isinstance(s, Expr)}")
         t = Tensor(self, name, dtype, tuple(shape), positive, source)

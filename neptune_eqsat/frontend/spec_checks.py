@@ -7,10 +7,10 @@ from neptune_eqsat.ir import Term
 from neptune_eqsat.ir import ops
 
 
-def extent_problem(value, dim_type) -> str | None:
+def extent_problem(value, dim_type, kinds: str = "an int or a Dim") -> str | None:
     """Why `value` is not an extent (an int of at least 1, or a `dim_type`), else None."""
     if isinstance(value, bool) or not isinstance(value, (int, dim_type)):
-        return f"must be ints or Dims, got {value!r}"
+        return f"must be {kinds}, got {value!r}"
     return f"must be at least 1, got {value}" if isinstance(value, int) and value < 1 else None
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from neptune_eqsat.ir import Term, walk
-from neptune_eqsat.frontend.reference import Evaluator, output_value, random_inputs
+from neptune_eqsat.frontend.reference import Evaluator, output_value, random_inputs, unshifted
 from neptune_eqsat.frontend.spec import Dim, Spec
 
 SIZES = (5, 7, 6)   # the dims, in turn: small, unequal, not multiples of one another
@@ -65,20 +65,11 @@ def _sizes(spec: Spec) -> dict[str, int]:
         if t.op != "load" or t.attrs[0] not in spec.inputs:
             continue
         for index, extent in zip(t.args, spec.inputs[t.attrs[0]].shape):
-            axis = _axis_of(index)
-            dim = spec.axes_.get(axis) if axis else None
+            index = unshifted(index)
+            dim = spec.axes_.get(index.attrs[0]) if index.op == "axis" else None
             if isinstance(extent, int) and isinstance(dim, Dim):
                 sizes[dim.name] = min(sizes[dim.name], extent)
     return sizes
-
-
-def _axis_of(index: Term) -> str | None:
-    """The axis an index reads as it is (i, or the tracer's i + 0), else None."""
-    if index.op == "axis":
-        return index.attrs[0]
-    if index.op == "bin" and index.attrs[0] == "add" and index.args[1].op == "const" and index.args[1].attrs[0] == 0:
-        return _axis_of(index.args[0])
-    return None
 
 
 def disagreement(spec: Spec, term: Term) -> str:
