@@ -45,9 +45,9 @@ def module_source(spec: Spec, forward_source: str, backward: Backward, sources: 
               "    sizes = {d: inputs[k].shape[pos] for d, (k, pos) in DIMS.items()}",
               "    dev = inputs[0].device",
               "    grads = {}"]
-    for stage in backward.stages:
-        lines += [f"    if {stage.name!r} not in t:",
-                  f"        t[{stage.name!r}] = _run({stage.name!r}, t, {reads(stage.spec)})"]
+    lines.insert(lines.index("def backward(*inputs, out, grad_out, saved=()):"), _stage_table(backward))
+    lines.append("    for name in _stages_to_run(t):   # those the gradient kernels need that are not at hand")
+    lines.append("        t[name] = _run(name, t, STAGES[name])")
     for kernel in backward.kernels:
         lines.append(f"    gs = _run({kernel.spec.name!r}, t, {reads(kernel.spec)})")
         if len(kernel.parts) == 1:
@@ -58,9 +58,27 @@ def module_source(spec: Spec, forward_source: str, backward: Backward, sources: 
     return "\n".join(lines)
 
 
+def _stage_table(backward: Backward) -> str:
+    """STAGES (stage -> the (name, dtype) pairs of what it reads, in dependency order) and KERNEL_READS."""
+    rows = "".join(f"    {s.name!r}: {reads(s.spec)},\n" for s in backward.stages)
+    kernel_reads = sorted({n for k in backward.kernels for n in k.spec.inputs} & {s.name for s in backward.stages})
+    return (f"STAGES = {{   # stage -> what it reads, in dependency order\n{rows}}}\n"
+            f"KERNEL_READS = {tuple(kernel_reads)!r}   # the stages the gradient kernels read\n\n")
+
+
 HELPERS = INDEX_HELPERS + "\n\n\n" + textwrap.dedent('''
     def forward(*inputs, config=None):
         return _module("forward").forward(*inputs, config=config)
+
+
+    def _stages_to_run(t):
+        """The stages to compute, in order: those the gradient kernels read, and what those read, less the
+        tensors at hand in t (the inputs and the values forward_saved wrote)."""
+        need = set(KERNEL_READS)
+        for name in reversed(list(STAGES)):
+            if name in need and name not in t:
+                need |= {n for n, _ in STAGES[name]}
+        return [name for name in STAGES if name in need and name not in t]
 
 
     def forward_saved(*inputs):

@@ -48,9 +48,12 @@ def whole_row_lines(block: str, length: str) -> list[str]:
 
 
 # a loop carrying two or more states as wide as a tile's column (dK and dV of attention's backward, each 128 x
-# 128 in fp32): 128 x 128 blocks spilled registers on an H200, 64 query rows per step in 2 stages ran the causal
-# backward at 16384 in 17.9 ms against 25.4 (bench/results/h200/2026-11-26-backward-configs)
-WIDE_STATES_CONFIG = {"loop": 64, "num_stages": 2}
+# 128 in fp32): 128 x 128 blocks spilled registers on an H200, 64 query rows per step ran the causal backward at
+# 16384 in 17.9 ms against 25.4 (bench/results/h200/2026-11-26-backward-configs); with one row statistic per
+# step (staging.py), 3 stages beat 2 on an H100 at 4096 (global 1.77 against 2.01 ms, causal 1.05 / 1.12, GQA
+# 2.13 / 2.26) and at 16384 for causal and GQA (13.5 / 14.2, 27.2 / 28.7 ms; global 31.3 / 30.4)
+# (bench/results/h100/2026-11-27-backward-row-statistics)
+WIDE_STATES_CONFIG = {"loop": 64, "num_stages": 3}
 
 
 def wide_states(sched: Schedule) -> int:

@@ -75,9 +75,8 @@ class CompiledBackward:
         tensors[bw.grad_name] = grad_out
         tensors[bw.out_name] = out
         tensors.update(self.saved_values(saved or {}))
-        for stage in bw.stages:
-            if stage.name not in tensors:
-                tensors[stage.name] = run_spec(stage.spec, tensors)
+        for stage in bw.stages_to_run(frozenset(tensors)):
+            tensors[stage.name] = run_spec(stage.spec, tensors)
         sizes = bind_sizes(spec, inputs)
         result: dict[str, torch.Tensor] = {}
         for kernel in bw.kernels:
@@ -179,9 +178,8 @@ def forward_outputs(spec: Spec, inputs: dict[str, torch.Tensor]) -> tuple[torch.
             _STAGED.add(key)
     out = run_spec(spec, inputs)
     tensors = dict(inputs)
-    for stage in bw.stages:
-        if stage.name in bw.saved:
-            tensors[stage.name] = run_spec(stage.spec, tensors)
+    for stage in bw.stages_to_run(frozenset(tensors), wanted=set(bw.saved)):
+        tensors[stage.name] = run_spec(stage.spec, tensors)
     return out, [tensors[n] for n in bw.saved]
 
 

@@ -175,10 +175,61 @@ def test_attention_backward_is_flashattentions():
     assert sorted(sorted(p.input for p in k.parts) for k in bw.kernels) == [["k", "v"], ["q"]]
     both = next(k for k in bw.kernels if len(k.parts) == 2)
     assert [o.name for o in both.spec.also] == [both.parts[1].spec.output_name]
-    # the row max and row sum are saved values the forward kernel writes too (as further outputs)
+    # the saved values are further outputs the forward kernel writes too: the row sum (its zero test guards the
+    # statistic of empty rows) and the row's logsumexp, m + log l
     forward = bw.forward_spec()
     assert [o.name for o in forward.also] == list(bw.saved) and len(bw.saved) == 2
     assert all(set(o.axes) == {"b", "h", "i"} for o in forward.also)
+
+
+def _reads(spec: Spec) -> set[str]:
+    return {t.attrs[0] for t in ir.walk(spec.output_term) if t.op == "load"}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_row_sum_moves_into_the_exponent(causal):
+    """P = exp(s - m) / l and dS = (dP / l + stat) * exp(s - m), as derived, divide by the row sum l in every
+    step of the gradient kernels' loops. l is a sum of exponentials, so not negative: the derivation moves it
+    into the exponent, P = exp(s - (m + log l)), dS = (dP + stat l) P, and the kernels read one saved row
+    value (the logsumexp, which the forward writes) and one statistic (-D_i = -sum_e dO * O), as
+    FlashAttention's backward does, and compute no reciprocal."""
+    bw = differentiate(attention_spec(causal=causal))
+    assert any("absorbed" in n for n in bw.notes)
+    lse = [n for n, t in bw.saved.items() if any(x.op == "un" and x.attrs[0] == "log" for x in ir.walk(t))]
+    assert len(lse) == 1
+    stages = {s.name: s for s in bw.stages}
+    for kernel in bw.kernels:
+        read = set(kernel.spec.inputs) & set(stages)
+        assert read == {lse[0], next(n for n in read if n.startswith("stat"))}, read
+        assert not any(t.op == "bin" and t.attrs[0] == "div" and t.args[1].op == "load" and t.args[1].attrs[0] in stages
+                       for o in (kernel.spec.output_term, *(a.term for a in kernel.spec.also)) for t in ir.walk(o))
+    statistic = next(n for n in bw.kernels[0].spec.inputs if n.startswith("stat"))
+    assert "d_o" in _reads(stages[statistic].spec)   # -sum_e dO * O itself, not divided by l and multiplied back
+    assert not any(t.op == "bin" and t.attrs[0] == "div" for t in ir.walk(stages[statistic].spec.output_term))
+
+
+def _scaled_by(divisor_of: str) -> Spec:
+    """out[r, e] = sum_n exp(x[r, n]) * v[n, e] / g(x[r]) with g a row sum of exp(x) (not negative) or of x
+    itself (either sign)."""
+    spec = Spec(f"scaled_{divisor_of}")
+    R, N = spec.dims(R=4, N=64)
+    r, n, e = spec.axes(r=R, n=N, e=16)
+    x = spec.input("x", "f32", R, N)
+    v = spec.input("v", "f32", N, 16)
+    g = sum(n, exp(x[r, n]) if divisor_of == "exp" else x[r, n])
+    spec.output("o", "f32", sum(n, exp(x[r, n]) * v[n, e]) / g, r, e)
+    spec.validate()
+    return spec
+
+
+def test_a_row_divisor_of_either_sign_stays_a_division():
+    """exp(u) / g = exp(u - log g) holds only for g > 0: a row sum of x itself is divided by (its reciprocal
+    computed once per row), a row sum of exponentials moves into the exponent; both give float64's gradients."""
+    for divisor_of, absorbed in (("x", False), ("exp", True)):
+        spec = _scaled_by(divisor_of)
+        bw = differentiate(spec)
+        assert any("absorbed" in n for n in bw.notes) == absorbed, bw.notes
+        _check_gradients(spec, {"R": 3, "N": 37})
 
 
 def test_a_slopes_gradient_is_an_output_of_the_kernel_that_loops_over_its_keys():

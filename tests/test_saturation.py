@@ -149,3 +149,21 @@ def test_a_saturation_left_unreleased_costs_the_shared_egraph_only_while_it_is_a
     assert again.egraph is _BASE.egraph and again.nodes == other.nodes
     again.release()
     assert egraph_size(_BASE.egraph) == 0
+
+
+def test_an_enode_whose_literal_does_not_fit_its_place_is_not_read():
+    """egglog now and then builds an e-node with another of a rule's strings in a literal's place (cast("mul",
+    x), bin("f16", a, b)); the snapshot drops it, so extraction takes a well-formed e-node of its e-class and
+    codegen never meets a cast to "mul"."""
+    from egglog import union
+
+    from neptune_eqsat.ir.eterm import ETerm
+    from neptune_eqsat.plan.snapshot import snapshot
+
+    eg = EGraph()
+    root = eg.let("$root", ETerm.cast("f16", ETerm.const(1.0)))
+    eg.register(union(root).with_(ETerm.cast("mul", ETerm.const(1.0))))
+    product = ETerm.bin("mul", ETerm.const(2.0), ETerm.const(3.0))
+    eg.register(union(product).with_(ETerm.bin("f16", ETerm.const(2.0), ETerm.const(3.0))))
+    nodes = [n for ns in snapshot(eg).classes.values() for n in ns]
+    assert {(n.op, n.lits) for n in nodes if n.op in ("cast", "bin")} == {("cast", ("f16",)), ("bin", ("mul",))}

@@ -5,6 +5,7 @@ the plain math.
     python -m bench.suite.backward --generate [--dtype bf16]        # with the compiler: bench/generated/backward/
     python -m bench.suite.backward --seqs 4096,16384 [--dtype bf16]  # on the GPU: table and JSON in --out
     python -m bench.suite.backward --breakdown --ops causal_pf --seqs 16384   # each kernel of ours timed alone
+    python -m bench.suite.backward --systems neptune,neptune_before,flex --before DIR   # a change, in one run
 
 Each system's backward alone is timed (the forward runs once; torch's systems call autograd.grad on the kept
 graph; neptune's module calls backward(q, k, v, out=, grad_out=, saved=), which also computes the ALiBi slopes'
@@ -27,13 +28,16 @@ from bench.suite.attention import D, OPS, Case, alibi_slopes, attention_math, fl
 
 PREFILL = [name for name, op in OPS.items() if op.mode == "prefill"]
 GENERATED = common.GENERATED / "backward"
-SYSTEMS = ("neptune", "neptune_atomic", "flex", "sdpa_cudnn", "sdpa_flash", "inductor")
+SYSTEMS = ("neptune", "neptune_atomic", "neptune_before", "flex", "sdpa_cudnn", "sdpa_flash", "inductor")
+BEFORE = {"dir": None}   # --before: the folder of the modules "neptune_before" runs (a change measured in one run)
 TOL = {"fp16": 3e-2, "bf16": 1e-1}
 
 
 def module_path(name: str, dtype: str, system: str = "neptune") -> Path:
-    """The generated module of an op: neptune's default backward, or neptune_atomic's (--atomic)."""
-    return GENERATED / f"{name}_{dtype}{'_atomic' if system == 'neptune_atomic' else ''}.py"
+    """The generated module of an op: neptune's default backward, neptune_atomic's (--atomic), or
+    neptune_before's (the same name in the --before folder)."""
+    folder = Path(BEFORE["dir"]) if system == "neptune_before" else GENERATED
+    return folder / f"{name}_{dtype}{'_atomic' if system == 'neptune_atomic' else ''}.py"
 
 
 def generate(dtype: str, ops: list[str]) -> None:
@@ -210,9 +214,11 @@ def main() -> None:
     p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     p.add_argument("--ops", default=",".join(PREFILL))
     p.add_argument("--seqs", default="4096,16384")
-    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--systems", default=",".join(s for s in SYSTEMS if s != "neptune_before"))
+    p.add_argument("--before", default=None, help="folder of modules to time as neptune_before (add it to --systems)")
     p.add_argument("--out", default=None, help="default $OUT, else bench/results/<gpu>/<date>-backward")
     args = p.parse_args()
+    BEFORE["dir"] = args.before
     if args.generate:
         generate(args.dtype, args.ops.split(","))
         return

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field, replace
 from neptune_eqsat import ir
 from neptune_eqsat.plan.derivatives import local_adjoints, plus, shift_invariant, total
 from neptune_eqsat.ir import Term
-from neptune_eqsat.plan.products import products
 from neptune_eqsat.plan.schedule import is_large
 from neptune_eqsat.frontend.spec import Output, Spec, SpecError
-from neptune_eqsat.plan.stages import Stage, fresh_name, sub_spec, tensor_of
+from neptune_eqsat.plan.stages import Stage, fresh_name, tensor_of
+from neptune_eqsat.plan.staging import Stager, sub_spec_in_products
 
 FLOATS = ("f16", "bf16", "f32", "f64")
 
@@ -100,6 +100,24 @@ class Backward:
     kernels: list[GradKernel] = field(default_factory=list)   # the parts, those sharing a loop in one kernel
     saved: dict[str, Term] = field(default_factory=dict)      # saved stage -> its value as the forward has it
 
+    def reads(self, kernels: list[GradKernel], provided: frozenset[str] = frozenset()) -> set[str]:
+        """The stages that running `kernels` needs, with the tensors named in `provided` at hand: those the
+        kernels read, and those read by the needed stages that are not provided."""
+        need = {n for k in kernels for n in k.spec.inputs}
+        for s in reversed(self.stages):   # a stage reads only stages before it
+            if s.name in need and s.name not in provided:
+                need |= set(s.spec.inputs)
+        return need
+
+    def stages_to_run(self, provided: frozenset[str], wanted: set[str] | None = None) -> list[Stage]:
+        """The stages to compute, in order, with the tensors named in `provided` at hand: those the gradient
+        kernels need (or those named in `wanted`, and what they need), less the provided."""
+        need = self.reads(self.kernels, provided) if wanted is None else set(wanted)
+        for s in reversed(self.stages):
+            if s.name in need and s.name not in provided:
+                need |= set(s.spec.inputs)
+        return [s for s in self.stages if s.name in need and s.name not in provided]
+
     def forward_spec(self) -> Spec:
         """The forward with the saved values as further outputs, in `saved`'s order: run by a training step's
         forward, it gives the backward what its stages would compute again."""
@@ -158,20 +176,25 @@ def differentiate(spec: Spec, wrt: tuple[str, ...] | None = None, accumulate: bo
     sites = [(t, cs) for t, cs in reads.items() if t.attrs[0] in wrt]
     if not sites:
         bw.notes.append("the output does not depend on the inputs differentiated")
-    stager = _Stager(spec, bw, extra, grad_name=bw.grad_name)
+    stager = Stager(spec, bw, extra, grad_name=bw.grad_name)
     reduced = {t.attrs[1] for t in ir.walk(T) if ir.is_reduction(t)}
     for load, contributions in sites:
         for a in _by_axes(contributions):
             a = stager.replace(ir.substitute(a, saved))
-            bw.parts.append(_grad_part(spec, load, a, extra, len(bw.parts), reduced))
+            bw.parts.append(_grad_part(spec, load, a, extra, len(bw.parts), reduced, stager.out_of_loop))
     bw.parts = [_in_input_dtype(spec, p) if [q.input for q in bw.parts].count(p.input) == 1 else p
                 for p in bw.parts]
     groups = _sharing_loops(spec, bw.parts)
     if accumulate:
         groups = _accumulated(spec, groups)
     bw.kernels = [_one_kernel(spec, group, k) for k, group in enumerate(groups)]
-    bw.saved = {name: t for name, t in stager.saved.items()
-                if {x.attrs[0] for x in ir.walk(t) if x.op == "load"} <= set(spec.inputs)}
+    # the stages the kernels need, and of the forward's values those they read where the forward writes them
+    needed = bw.reads(bw.kernels)
+    bw.stages = [s for s in bw.stages if s.name in needed]
+    saved = {name: t for name, t in stager.saved.items() if name in needed
+             and {x.attrs[0] for x in ir.walk(t) if x.op == "load"} <= set(spec.inputs)}
+    read = bw.reads(bw.kernels, frozenset(saved))
+    bw.saved = {name: t for name, t in saved.items() if name in read}
     return bw
 
 
@@ -316,43 +339,10 @@ def _is_long(spec: Spec, ax: str) -> bool:
 ZERO = ir.const(0.0)
 
 
-class _Stager:
-    """Replaces each reduction no larger than the output (free axes among the output's) by a read of a stage
-    that computes it once: saved values of the forward (a row max, a row sum) and row statistics of the
-    adjoint (D_i = sum_e dO * O). A stage's own spec reads the stages inside it, so none is computed twice."""
-
-    def __init__(self, spec: Spec, bw: Backward, extra: dict, grad_name: str):
-        self.spec, self.bw, self.extra, self.grad_name = spec, bw, extra, grad_name
-        self.out_axes = set(spec.output_axes)
-        self.done: dict[Term, Term] = {}
-        self.saved: dict[str, Term] = {}   # saved stage -> the forward's reduction it holds
-
-    def replace(self, t: Term) -> Term:
-        if t.op == "red" and t.free <= self.out_axes:
-            return self.stage(t)
-        if not t.args:
-            return t
-        return Term(t.op, t.attrs, tuple(self.replace(a) for a in t.args), t.origin)
-
-    def stage(self, r: Term) -> Term:
-        if r not in self.done:
-            inner = Term(r.op, r.attrs, (self.replace(r.args[0]),), r.origin)
-            axes = tuple(a for a in self.spec.output_axes if a in r.free)
-            reads_grad = any(x.op == "load" and x.attrs[0] == self.grad_name for x in ir.walk(inner))
-            name = fresh_name(self.spec, f"{'stat' if reads_grad else 'saved'}{len(self.bw.stages)}", self.extra)
-            self.bw.stages.append(Stage(name, _sub_spec(self.spec, name, inner, axes, self.extra), axes))
-            self.extra[name] = tensor_of(self.spec, axes, "f32")
-            what = "a row statistic of the adjoint" if reads_grad else "a value of the forward, saved"
-            if not reads_grad:
-                self.saved[name] = r
-            self.bw.notes.append(f"{name}[{', '.join(axes)}] = {ir.show(r)[:90]}: {what}, computed once")
-            self.done[r] = ir.load(name, *(ir.axis(a) for a in axes))
-        return self.done[r]
-
-
-def _grad_part(spec: Spec, load: Term, a: Term, extra: dict, k: int, reduced: set[str]) -> GradPart:
+def _grad_part(spec: Spec, load: Term, a: Term, extra: dict, k: int, reduced: set[str], out_of_loop) -> GradPart:
     """The kernel of one read of an input: output over the axes of its index, reducing over the rest (first
-    over an axis in `reduced`, the forward's reduction axes)."""
+    over an axis in `reduced`, the forward's reduction axes); `out_of_loop(term, axis)` moves per-row work out
+    of the kernel's loop (staging.Stager.out_of_loop)."""
     name = load.attrs[0]
     index = tuple(_plain(t) for t in load.args)
     keep: list[str] = []
@@ -363,14 +353,14 @@ def _grad_part(spec: Spec, load: Term, a: Term, extra: dict, k: int, reduced: se
     # forward's own loop), else the longest; the others are summed on the host
     rest = sorted(a.free - set(keep), key=lambda x: (x not in reduced, -_typical(spec, x)))
     if rest:
-        a = ir.red("sum", rest[0], a)
+        a = ir.red("sum", rest[0], out_of_loop(a, rest[0]))
     # the host's axes in the forward output's order, so the gradient kernel's rows are the forward's rows
     host = tuple(sorted(rest[1:], key=lambda x: (spec.output_axes.index(x) if x in spec.output_axes else 99, x)))
     # an axis the gradient does not vary along is not an output axis (no input might carry its size): the
     # host broadcasts along it
     out_axes = tuple(x for x in keep if x in a.free) + host
     part_name = f"{spec.name}_d{name}{k}"
-    sub = _sub_spec(spec, part_name, a, out_axes, extra)
+    sub = sub_spec_in_products(spec, part_name, a, out_axes, extra)
     return GradPart(name, sub, tuple(index), tuple(keep), host, rest[0] if rest else None)
 
 
@@ -393,9 +383,3 @@ def _axes_in_order(t: Term) -> list[str]:
 def _typical(spec: Spec, ax: str) -> int:
     ext = spec.axes_[ax]
     return ext if isinstance(ext, int) else spec.typical.get(ext.name, 1024)
-
-
-def _sub_spec(spec: Spec, name: str, term: Term, axes: tuple[str, ...], extra: dict) -> Spec:
-    """A part of the backward: `term` in matrix-product form (`products.py`), computed by its own spec."""
-    dtypes = {n: t.dtype for n, t in spec.inputs.items()} | {n: d for n, (d, _) in extra.items()}
-    return sub_spec(spec, name, products(term, dtypes), axes, extra, f"part of the backward pass of {spec.name}")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from egglog import EGraph
 
 from neptune_eqsat import ir
+from neptune_eqsat.ir import ops
 from neptune_eqsat.ir import Term
 from neptune_eqsat.ir.eterm import Mirror, load_key
 
@@ -56,6 +57,21 @@ def _literal(text: str):
     return float(text)
 
 
+def _fits(name: str, lits: tuple) -> bool:
+    """Does each literal of an e-node name what its place holds (a dtype for a cast, an operator for un and
+    bin, a reducer)? egglog 13.2 now and then builds an e-node whose string literals are another of the rule's
+    strings (cast("mul", x) or bin("f16", a, b), from cast(a * b) = cast(a) * b, seen under load on two
+    cores): such an e-node is dropped, and extraction takes another of its e-class. A literal swapped for
+    another of the same kind (mul for sub) fits; translation validation (validate.py) refuses that term."""
+    if name == "cast":
+        return lits[0] in ir.DTYPES
+    if name in ("un", "bin"):
+        return lits[0] in (ops.UN if name == "un" else ops.BIN)
+    if name in ("red", "roll", "split"):
+        return lits[0] in ir.REDUCERS
+    return True
+
+
 def snapshot(eg: EGraph) -> Snapshot:
     data = json.loads(eg._serialize().to_json())
     nodes, by_class = data["nodes"], {}
@@ -74,6 +90,8 @@ def snapshot(eg: EGraph) -> Snapshot:
             k = LITERALS[name]
             kids = n["children"]
             lits = tuple(_literal(nodes[c]["op"]) for c in kids[:k])
+            if not _fits(name, lits):   # (see _fits)
+                continue
             snap.classes.setdefault(n["eclass"], []).append(ENode(name, lits, tuple(nodes[c]["eclass"]
                                                                                      for c in kids[k:])))
         elif op in SET_ANALYSES:
