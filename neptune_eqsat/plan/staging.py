@@ -12,9 +12,9 @@ Three things move work out of a gradient kernel's loop:
   `dS = P (dP - D)`: the kernels read one row statistic where they read two, and compute no reciprocal.
   Applied only where it removes every division by `v` and `v` is provably non-negative (where `v` is 0 the
   original is not finite either).
-* **Math on stages alone along the loop axis** (a reciprocal, a row value times a constant) becomes a stage:
-  inside the loop such a value is a vector along the loop axis, which every thread computes again for each
-  block it holds.
+* **Math on stages alone along the loop axis** (a guarded row value, a row value times a constant) becomes a
+  stage: inside the loop such a value is a vector along the loop axis, which every thread computes again for
+  each block it holds.
 """
 from __future__ import annotations
 
@@ -87,14 +87,13 @@ class Stager:
         return self.hoist(t, loop)
 
     def hoist(self, t: Term, loop: str) -> Term:
-        """t with its math on stages alone that varies along `loop` read from stages of its own; a division by
-        such a value becomes a product with its reciprocal (as the kernels compute it anyway)."""
+        """t with its math on stages alone that varies along `loop` read from stages of its own. (A division by
+        such a value stays one: as a product with a reciprocal read from a stage, the reciprocal could be rounded
+        to 16 bits on its own where the product meets the tensor cores, products.py.)"""
         if t.op in ("load", "const", "axis", "dim") or loop not in t.free:
             return t
         if self._on_stages(t):
             return self.stage(t)
-        if _is_div(t) and loop in t.args[1].free and self._on_stages(t.args[1]):
-            return ir.bin("mul", self.hoist(t.args[0], loop), self.stage(ir.bin("div", ir.const(1.0), t.args[1])))
         return Term(t.op, t.attrs, tuple(self.hoist(a, loop) for a in t.args), t.origin)
 
     def _on_stages(self, t: Term) -> bool:
