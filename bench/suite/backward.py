@@ -142,7 +142,7 @@ def run(args) -> list[dict]:
                     row.update(ms=ms, tflops=flops / ms / 1e9)
                     if module is not None:
                         row["max_rel_error"] = errors[system]
-                    if system == "neptune":
+                    if system.startswith("neptune"):
                         # what a training step's forward costs: the output alone, and with the saved values
                         plain = [t.detach() for t in ((q, k, v, slopes) if op.mod == "alibi" else (q, k, v))]
                         row["forward_ms"] = triton.testing.do_bench(lambda: module.forward(*plain), warmup=20,

@@ -9,7 +9,10 @@ Three things move work out of a gradient kernel's loop:
   the exponent: `exp(u) / v = exp(u - log v)`, and `(a + b / v) * exp(u) = (a v + b) * exp(u - log v)`, with
   `a v` and the exponent's stage part (`m + log v`) computed once per row. For attention this turns the
   derived `P = exp(s - m) / l`, `dS = (dP / l - D / l) * exp(s - m)` into FlashAttention's `P = exp(s - lse)`,
-  `dS = P (dP - D)`: the kernels read one row statistic where they read two, and compute no reciprocal.
+  `dS = P (dP - D)`: the kernels read one row statistic where they read two, and compute no reciprocal. The
+  stage holds the shift in base 2, each of its terms scaled by log2 e on its own (`m log2 e + log2 l`): the
+  forward's kernel already keeps `m log2 e` (its exponentials are exp2), so a training forward writes the
+  logsumexp from that max rather than a second one, and the gradient kernels subtract it as it is.
   Applied only where it removes every division by `v` and `v` is provably non-negative (where `v` is 0 the
   original is not finite either).
 * **Math on stages alone along the loop axis** (a guarded row value, a row value times a constant) becomes a
@@ -26,6 +29,7 @@ from neptune_eqsat.ir import Term
 from neptune_eqsat.plan.products import products
 from neptune_eqsat.plan.stages import Stage, fresh_name, sub_spec, tensor_of
 
+LOG2E = 1 / math.log(2)
 NONNEG_UNARY = ("exp", "exp2", "sqrt", "abs", "exp_or_zero", "exp2_or_zero")
 
 
@@ -92,6 +96,8 @@ class Stager:
         to 16 bits on its own where the product meets the tensor cores, products.py.)"""
         if t.op in ("load", "const", "axis", "dim") or loop not in t.free:
             return t
+        if t.op == "bin" and t.attrs[0] == "mul" and {a.op for a in t.args} == {"load", "const"}:
+            return t   # a stage read times a constant: the e-graph folds the constant into the kernel's own
         if self._on_stages(t):
             return self.stage(t)
         return Term(t.op, t.attrs, tuple(self.hoist(a, loop) for a in t.args), t.origin)
@@ -180,22 +186,25 @@ class Stager:
         return term.args[0] if term is not None and _is_div(term) and term.args[1] == v else ir.bin("mul", a, v)
 
     def _shifted(self, e: Term, v: Term) -> Term:
-        """exp(u) (under casts) as exp(u - log v), the exponent's terms on stages gathered into one stage."""
+        """exp(u) (under casts) as exp(u - log v), the exponent's terms on stages gathered into one stage that
+        holds them in base 2 (see the module's docstring)."""
         if e.op == "cast":
             return ir.cast(e.attrs[0], self._shifted(e.args[0], v))
         fn, u = e.attrs[0], e.args[0]
-        log_v = ir.un("log", v) if fn in ("exp", "exp_or_zero") else ir.bin("mul", ir.un("log", v),
-                                                                           ir.const(1 / math.log(2)))
+        natural = fn in ("exp", "exp_or_zero")
+        k = LOG2E if natural else 1.0   # the stage holds the shift in base 2, each term scaled on its own
         terms = _signed_terms(u)
         staged = [(s, x) for s, x in terms if self._on_stages(x)]
         rest = [(s, x) for s, x in terms if not self._on_stages(x)]
-        shift = log_v   # what the exponent loses: log v less its terms on stages
+        shift = ir.bin("mul", ir.un("log", v), ir.const(LOG2E))   # log2 v, less the exponent's terms on stages
         for s, x in staged:
-            shift = ir.bin("sub" if s > 0 else "add", shift, x)
+            shift = ir.bin("sub" if s > 0 else "add", shift, ir.bin("mul", x, ir.const(k)) if natural else x)
         out = None
         for s, x in rest:
             out = (x if s > 0 else ir.un("neg", x)) if out is None else ir.bin("add" if s > 0 else "sub", out, x)
-        return ir.un(fn, ir.bin("sub", out if out is not None else ir.const(0.0), self.stage(shift)))
+        read = self.stage(shift)
+        return ir.un(fn, ir.bin("sub", out if out is not None else ir.const(0.0),
+                                ir.bin("mul", read, ir.const(math.log(2))) if natural else read))
 
 
 def _is_div(t: Term) -> bool:
