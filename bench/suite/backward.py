@@ -29,14 +29,15 @@ from bench.suite.attention import D, OPS, Case, alibi_slopes, attention_math, fl
 PREFILL = [name for name, op in OPS.items() if op.mode == "prefill"]
 GENERATED = common.GENERATED / "backward"
 SYSTEMS = ("neptune", "neptune_atomic", "neptune_before", "flex", "sdpa_cudnn", "sdpa_flash", "inductor")
-BEFORE = {"dir": None}   # --before: the folder of the modules "neptune_before" runs (a change measured in one run)
 TOL = {"fp16": 3e-2, "bf16": 1e-1}
 
 
-def module_path(name: str, dtype: str, system: str = "neptune") -> Path:
+def module_path(name: str, dtype: str, system: str = "neptune", before: str | None = None) -> Path:
     """The generated module of an op: neptune's default backward, neptune_atomic's (--atomic), or
-    neptune_before's (the same name in the --before folder)."""
-    folder = Path(BEFORE["dir"]) if system == "neptune_before" else GENERATED
+    neptune_before's (the same name in the folder `before`, --before: a change measured in one run)."""
+    if system == "neptune_before" and before is None:
+        raise ValueError("neptune_before times the modules of --before DIR: give the folder")
+    folder = Path(before) if system == "neptune_before" else GENERATED
     return folder / f"{name}_{dtype}{'_atomic' if system == 'neptune_atomic' else ''}.py"
 
 
@@ -121,8 +122,8 @@ def run(args) -> list[dict]:
     rows = []
     for name in args.ops.split(","):
         op = OPS[name]
-        ours = {system: load_module(module_path(name, args.dtype, system)) for system in args.systems.split(",")
-                if system.startswith("neptune")}
+        ours = {system: load_module(module_path(name, args.dtype, system, args.before))
+                for system in args.systems.split(",") if system.startswith("neptune")}
         for S in (int(s) for s in args.seqs.split(",")):
             g = torch.Generator(device="cuda").manual_seed(0)
             q, k, v = (torch.randn(1, h, S, D, device="cuda", dtype=dt, generator=g).requires_grad_()
@@ -218,7 +219,6 @@ def main() -> None:
     p.add_argument("--before", default=None, help="folder of modules to time as neptune_before (add it to --systems)")
     p.add_argument("--out", default=None, help="default $OUT, else bench/results/<gpu>/<date>-backward")
     args = p.parse_args()
-    BEFORE["dir"] = args.before
     if args.generate:
         generate(args.dtype, args.ops.split(","))
         return

@@ -100,10 +100,10 @@ class Backward:
     kernels: list[GradKernel] = field(default_factory=list)   # the parts, those sharing a loop in one kernel
     saved: dict[str, Term] = field(default_factory=dict)      # saved stage -> its value as the forward has it
 
-    def reads(self, kernels: list[GradKernel], provided: frozenset[str] = frozenset()) -> set[str]:
-        """The stages that running `kernels` needs, with the tensors named in `provided` at hand: those the
-        kernels read, and those read by the needed stages that are not provided."""
-        need = {n for k in kernels for n in k.spec.inputs}
+    def reads(self, provided: frozenset[str] = frozenset(), wanted: set[str] | None = None) -> set[str]:
+        """What computing `wanted` (default: what the gradient kernels read) needs with the tensors named in
+        `provided` at hand: `wanted` itself, and what the stages among it that are not provided read."""
+        need = {n for k in self.kernels for n in k.spec.inputs} if wanted is None else set(wanted)
         for s in reversed(self.stages):   # a stage reads only stages before it
             if s.name in need and s.name not in provided:
                 need |= set(s.spec.inputs)
@@ -112,10 +112,7 @@ class Backward:
     def stages_to_run(self, provided: frozenset[str], wanted: set[str] | None = None) -> list[Stage]:
         """The stages to compute, in order, with the tensors named in `provided` at hand: those the gradient
         kernels need (or those named in `wanted`, and what they need), less the provided."""
-        need = self.reads(self.kernels, provided) if wanted is None else set(wanted)
-        for s in reversed(self.stages):
-            if s.name in need and s.name not in provided:
-                need |= set(s.spec.inputs)
+        need = self.reads(provided, wanted)
         return [s for s in self.stages if s.name in need and s.name not in provided]
 
     def forward_spec(self) -> Spec:
@@ -189,11 +186,11 @@ def differentiate(spec: Spec, wrt: tuple[str, ...] | None = None, accumulate: bo
         groups = _accumulated(spec, groups)
     bw.kernels = [_one_kernel(spec, group, k) for k, group in enumerate(groups)]
     # the stages the kernels need, and of the forward's values those they read where the forward writes them
-    needed = bw.reads(bw.kernels)
+    needed = bw.reads()
     bw.stages = [s for s in bw.stages if s.name in needed]
     saved = {name: t for name, t in stager.saved.items() if name in needed
              and {x.attrs[0] for x in ir.walk(t) if x.op == "load"} <= set(spec.inputs)}
-    read = bw.reads(bw.kernels, frozenset(saved))
+    read = bw.reads(frozenset(saved))
     bw.saved = {name: t for name, t in saved.items() if name in read}
     return bw
 

@@ -191,14 +191,13 @@ class Stager:
         if e.op == "cast":
             return ir.cast(e.attrs[0], self._shifted(e.args[0], v))
         fn, u = e.attrs[0], e.args[0]
-        natural = fn in ("exp", "exp_or_zero")
-        k = LOG2E if natural else 1.0   # the stage holds the shift in base 2, each term scaled on its own
+        natural = fn in ("exp", "exp_or_zero")   # the stage holds the shift in base 2, each term scaled on its own
         terms = _signed_terms(u)
         staged = [(s, x) for s, x in terms if self._on_stages(x)]
         rest = [(s, x) for s, x in terms if not self._on_stages(x)]
         shift = ir.bin("mul", ir.un("log", v), ir.const(LOG2E))   # log2 v, less the exponent's terms on stages
         for s, x in staged:
-            shift = ir.bin("sub" if s > 0 else "add", shift, ir.bin("mul", x, ir.const(k)) if natural else x)
+            shift = ir.bin("sub" if s > 0 else "add", shift, ir.bin("mul", x, ir.const(LOG2E)) if natural else x)
         out = None
         for s, x in rest:
             out = (x if s > 0 else ir.un("neg", x)) if out is None else ir.bin("add" if s > 0 else "sub", out, x)
