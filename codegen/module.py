@@ -18,6 +18,7 @@ from . import blocks
 from .defaults import (COMBINE_CPU, COMBINE_GPU, CONTRACTION_LOOP_BLOCK, GLUON_CONFIG, SPLIT_KEYS,
                        VECTOR_ROWS_CONFIG, default_blocks, quick_config, whole_row_lines)
 from .gluon import WarpSpecialized, lists_suit_gluon, match_warp_specialized, render_warp_specialized
+from .gluon_gradients import GRADIENT_GLUON_CONFIG, GradientKernel, gradient_launch, match_gradients, render_gradients
 from .gluon_writer import CONSUMERS, ROWS, GluonWriter
 from .kernel import KernelWriter, grid_sizes, jit_decorator
 from .index_guards import INDEX_HELPERS, data_guard_lines, guard_lines
@@ -275,17 +276,21 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
             [f"    cfg[{c!r}] = int(bool(cfg[{c!r}]) and {w.ext(sched.loop)} % cfg['BLOCK_{sched.loop.upper()}'] == 0)"
              for c in even] + _descriptor_lines(w, "cfg") + _launch(w, grid, "cfg")
         helpers += blocks.helpers_source(w)
-        matched = match_warp_specialized(sched, name)
+        matched, gw = match_warp_specialized(sched, name), None
         if isinstance(matched, WarpSpecialized):   # the Hopper kernel where it can run; the Triton one otherwise
             gsrc, gw = render_warp_specialized(matched)
+            gpu.update(GLUON_CONFIG, **({"WS_ORDER": 1} if "ORDER" in gw.constexprs else {}))
+            gluon_launch = _gluon_launch(gw, sched)
+        elif sched.accumulated and isinstance(gradient := match_gradients(sched, name), GradientKernel):
+            gsrc, gw = render_gradients(gradient)   # a gradient pass adding into another kernel's rows
+            gpu.update(GRADIENT_GLUON_CONFIG)
+            gluon_launch = gradient_launch(gw, gradient, sched, _call_args(gw.params))
+        if gw is not None:
             kernels += "\n\n" + gsrc
             gluon_imports = GLUON_IMPORTS
             dims_used = list(dict.fromkeys(dims_used + gw.dims))
-            gpu.update(GLUON_CONFIG)
-            if "ORDER" in gw.constexprs:
-                gpu["WS_ORDER"] = 1
             cpu["BACKEND"] = "triton"   # the interpreter runs Triton kernels only
-            launch = [out_alloc] + _gluon_launch(gw, sched) + [
+            launch = [out_alloc] + gluon_launch + [
                 "    else:", f"        cfg = {{k: v for k, v in cfg.items() if k not in {('BACKEND',) + GLUON_KEYS!r}}}"] + [
                 "    " + x for x in launch[1:]]
 

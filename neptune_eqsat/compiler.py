@@ -7,6 +7,7 @@ from pathlib import Path
 
 from neptune_eqsat import ir
 from neptune_eqsat.codegen.gluon import eligible
+from neptune_eqsat.codegen.gluon_gradients import match_gradients
 from neptune_eqsat.codegen.module import module_source
 from neptune_eqsat.codegen.staged_module import module_source as staged_module_source
 from neptune_eqsat.plan.cost import Device, PlanCost, plan_cost
@@ -104,6 +105,9 @@ class Result:
                              f"applied (its body has no form u op x with x read only from finished reductions over "
                              f"{r.attrs[1]} and u from none, or the repair for that op is refused above)")
         no_gluon = eligible(c.sched)
+        if no_gluon is not None and c.sched.accumulated:   # a gradient pass adding into another's rows
+            matched = match_gradients(c.sched, "probe")
+            no_gluon = matched if isinstance(matched, str) else None
         lines.append("kernels: Triton, and a warp-specialized Gluon kernel for Hopper GPUs (BACKEND)" if no_gluon is None
                      else f"kernels: Triton only; no warp-specialized Gluon kernel: {no_gluon}")
         if self.tuned:

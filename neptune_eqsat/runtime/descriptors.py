@@ -44,7 +44,7 @@ def _descriptor(x, block):
 
 def _gluon_descriptor(x, block):
     """As _descriptor, for a Gluon kernel: with the swizzled shared-memory layout its block lands in."""
-    dtype = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(x.dtype)
+    dtype = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}.get(x.dtype)
     if GluonDescriptor is None or dtype is None or not _describable(x, block):
         return None
     layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, dtype))

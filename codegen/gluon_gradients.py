@@ -1,0 +1,358 @@
+"""Term -> Gluon kernel for Hopper: the warp-specialized form of a gradient pass whose programs own a block of
+rows and add one output into another kernel's rows (Schedule.accumulated), such as attention's dK/dV pass with
+dQ added (`optimize --backward --atomic`): five matrix products per block instead of the two passes' seven.
+
+A program owns 128 rows (keys). Its warps split into three partitions:
+
+    producer     copies the inputs read along the rows once (K, V) and those read along the loop axis (Q, dO)
+                 block after block into a ring of shared-memory stages (copy engine, mbarriers)
+    consumer 0   rows 0-63: per block, the products within the block (S^T = K Q^T, dP^T = V dO^T), the
+                 per-element work of the term (gluon_gradient_writer.py), the products over the loop axis into
+                 its states (dV += P^T dO, dK += dS^T Q), and its rows of the accumulated output's tile (dS^T)
+                 into shared memory
+    consumer 1   rows 64-127: the same
+
+Once both halves of the tile are in shared memory, each consumer multiplies it by half of the row operand's
+columns (dQ[:, half] = dS K[:, half]) and adds the result into the fp32 output through the copy engine's bulk
+reduce, which no register waits on. FlashAttention-3 lays out its Hopper backward this way; measured by hand first
+in bench/experiments/2026-11-27-one-pass-backward (1.22-1.24x FlexAttention's backward for global attention on
+an H100, where the Triton form of the same plan ran at 0.96x the two passes)."""
+from __future__ import annotations
+
+import re
+import textwrap
+from dataclasses import dataclass
+
+from neptune_eqsat import ir
+from neptune_eqsat.plan.schedule import Schedule
+
+from .gluon_gradient_writer import GradientWriter
+from .gluon_writer import GLUON_DTYPE, ROWS, NotEligible
+from .kernel import grid_sizes, jit_decorator
+from .loops import grid_index_lines, pass_bounds, pass_table
+from .triton_kernel import outputs
+from .values import Context, Val
+
+ROW_BLOCK = 2 * ROWS    # rows per program: one warpgroup's 64 each
+LOOP_BLOCK = 64         # loop-axis block: the accumulated tile's rows, one m64 product
+GRADIENT_GLUON_CONFIG = {"BACKEND": "gluon", "WS_STAGES": 2, "WS_ORDER": 0}
+
+# the copy engine's bulk tensor reduce, which Gluon (Triton 3.6) builds but does not name
+REDUCE_ADD = '''from triton._C.libtriton import ir as _triton_ir
+from triton.experimental.gluon.language._core import builtin as _gluon_builtin
+
+
+@_gluon_builtin
+def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """Add a shared-memory tile into global memory at coord through the copy engine (bulk tensor reduce)."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(_triton_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
+                                              src.handle)
+'''
+
+
+@dataclass
+class GradientKernel:
+    """A schedule matched to the gradient pattern, with its per-element code written."""
+    writer: GradientWriter
+    name: str
+    head: list[str]            # this program's row block and grid indices
+    bounds: list[str]          # the loop axis's range for the row block (mask bounds)
+    body: list[str]            # a block's lines: its products issued, each waited for where first read
+    acc_lines: list[str]       # the accumulated output's tile into shared memory, its product and add
+    epilogue: list[str]
+    out_descs: list          # (descriptor, tensor, block) of the outputs the consumers store
+    acc_param: str             # the accumulated output's descriptor
+    acc_block: list[str]
+    half: int                  # columns of the accumulated output per consumer
+
+
+def match_gradients(sched: Schedule, name: str) -> GradientKernel | str:
+    """The schedule's roles in the gradient pattern, or why it has none."""
+    try:
+        return _match(sched, name)
+    except NotEligible as e:
+        return str(e)
+
+
+def _match(sched: Schedule, name: str) -> GradientKernel:
+    spec = sched.spec
+    if sched.loop is None or sched.row is None or sched.split or sched.writes_loop or sched.chunked:
+        raise NotEligible("not one pass over a loop axis writing row tiles")
+    if sched.passes != 1 or len(sched.accumulated) != 1:
+        raise NotEligible("not one pass adding one output into another kernel's rows")
+    w = GradientWriter(sched, name)
+    row, loop = sched.row, sched.loop
+    reds = sched.in_pass(0)
+    if pass_table(w, 0, reds) is not None:
+        raise NotEligible("a mask whose key blocks are listed at run time")
+    grid_tiles = " * ".join(w.ext(g) for g in sched.grid) or "1"
+    row_blocks = f"gl.cdiv({w.ext(row)}, {w.block(row)})"
+    # ORDER 0: one grid index after another (its row blocks read the same loop blocks at about the same time,
+    # from the cache); ORDER 1: one row block after another across the grid (the longest first under a mask
+    # whose work falls with the row block, so the last wave is short where there are few programs)
+    head = ["if ORDER == 1:", f"    pid_row = gl.program_id(0) // ({grid_tiles})",
+            f"    pid_grid = gl.program_id(0) % ({grid_tiles})", "else:",
+            f"    pid_row = gl.program_id(0) % {row_blocks}", f"    pid_grid = gl.program_id(0) // {row_blocks}"]
+    head += grid_index_lines(w, sched)
+    head += [f"i_lo = pid_row * {w.block(row)}", f"i_hi = gl.minimum(i_lo + {w.block(row)}, {w.ext(row)}) - 1"]
+
+    w.ctx = Context("body0", "pre0", complete=set(), running=set(reds))
+    for r in reds:
+        w.init_state(r, "init0")
+    if len(w.cols) != 1:
+        raise NotEligible("the states over the loop axis have columns of different extents")
+    k = sched.accumulated[0]
+    o = spec.also[k]
+    term = sched.term.args[k + 1]
+    sums = [x for x in ir.walk(term) if ir.is_reduction(x) and x.attrs[1] == row]
+    if len(sums) != 1 or sums[0].op != "red" or sums[0].attrs[0] != "sum":
+        raise NotEligible(f"output {o.name} is not one sum over the rows")
+    # one loop over the blocks, each tested against the loop axis's end and the mask: beside it a loop of full
+    # blocks without the tests (as the Triton kernels run) made the consumers spill (compiled for sm_90: 232
+    # bytes of stack against 80 for global attention, 400 against 368 under a causal mask). EVEN: both axes'
+    # lengths are multiples of their blocks, so no lane lies past an end and the bound tests fold away
+    blk = "body0"
+    w.ctx.body, w.ctx.masked = blk, True
+    w.blocks[blk] += [f"offs_{loop} = start + gl.arange(0, {w.block(loop)}, layout=S_COLS)",
+                      "if EVEN:", f"    valid_{loop} = gl.full([{w.block(loop)}], 1, gl.int1, S_COLS)", "else:",
+                      f"    valid_{loop} = offs_{loop} < {w.ext(loop)}"]
+    for r in reds:
+        w.update(r)
+    found = w.split_product(sums[0].args[0], row)
+    if found is None or w.role(found[1])[0] != "row" or found[3].axes != (row, loop):
+        raise NotEligible(f"output {o.name}: not a per-element tile times an input read along the rows")
+    tile = w.in_sixteen(found[2], found[3], blk)
+    acc_param, col = w.role(found[1])[1], next(a for a in found[1].axes if a != row)
+    acc_lines = _accumulated_tile(w, tile, acc_param)
+    # the output's value from the product (a scale outside the sum), in a block of its own
+    w.ctx.body = "acc"
+    w.cache[("acc", sums[0], False, None)] = Val("acc_part", (loop, col), "f32")
+    value = w.emit(term)
+    if value.axes != (loop, col) or any(x.op == "load" for x in ir.walk(term) if x not in ir.walk(sums[0])):
+        raise NotEligible(f"output {o.name} reads more than its sum over the rows")
+    acc_lines += w.blocks.pop("acc", []) + [f"acc_rows.store({value.code})", "fence_async_shared()"]
+    if o.dtype != "f32" or o.axes[-1] != col or loop not in o.axes or \
+            any(a not in sched.grid for a in o.axes if a not in (loop, col)) or w.ext(col) not in ("64", "128"):
+        raise NotEligible(f"output {o.name}: not an fp32 [..., {loop}, {col}] tile of 64 or 128 columns")
+    half = int(w.ext(col)) // 2
+    found = w.descriptor_block(f"out{k + 1}", tuple(ir.axis(a) for a in o.axes), (loop, col))
+    if found is None:
+        raise NotEligible(f"output {o.name} cannot move as one block of the copy engine")
+    acc_block = found[2][:-1] + [str(half)]
+    w.descriptors.pop((f"out{k + 1}", tuple(found[2])))
+    coords = [a if a in sched.grid else "start" if a == loop else f"ME * {half}" for a in o.axes]
+    acc_lines.append(f"tma_reduce_add(acc_desc, [{', '.join(coords)}], acc_smem.index(ME))")
+    epilogue, out_descs = _epilogue(w, sched, reds)
+    bounds = pass_bounds(w, 0, reds)
+    kernel = GradientKernel(w, name, head, bounds, _waits(w, w.blocks[blk], blk), acc_lines, epilogue, out_descs,
+                            "acc_desc", acc_block, half)
+    text = "\n".join(kernel.body + acc_lines + epilogue)
+    if re.search(r"<(row|loop):", text):
+        raise NotEligible("an input operand is read in arithmetic, not as it is")
+    return kernel
+
+
+def _accumulated_tile(w: GradientWriter, tile: Val, param: str) -> list[str]:
+    """This consumer's rows of the accumulated product's tile into shared memory (the rows past the end as 0);
+    once both consumers' are there, the product with this consumer's half of the row operand's columns."""
+    row = w.s.row
+    cols = f"{param}_smem.reshape([{w.block(row)}, {w.width(param)}]).slice(ME * HALF, HALF, dim=1)"
+    states = ", ".join(w.state[r].code for r in w.s.in_pass(0))
+    return [f"tile_smem.index(it % 2).slice(ME * {ROWS}, {ROWS}).store(gl.where(valid_{row}[:, None], "
+            f"{tile.code}, 0.0))",
+            "fence_async_shared()",
+            "mbarrier.arrive(tile_bar.index(it % 2), count=1)",
+            "mbarrier.wait(tile_bar.index(it % 2), (it // 2) & 1)   # both consumers' rows are in",
+            f"acc_part = warpgroup_mma(tile_smem.index(it % 2).permute((1, 0)), {cols}, zeros_half, use_acc=False, "
+            "is_async=True)",
+            f"{states}, acc_part = warpgroup_mma_wait(num_outstanding=0, deps=({states}, acc_part))",
+            "mbarrier.arrive(empty.index(stage), count=1)",
+            "tma.store_wait(pendings=0)   # the last block's share has left acc_smem"]
+
+
+def _waits(w: GradientWriter, lines: list[str], blk: str) -> list[str]:
+    """A block's lines with its products issued first and each waited for before its first use (products
+    complete in the order issued)."""
+    issued = w.block_products.get(blk, [])
+    pending = [var for var, _, _ in issued]
+    out = [f"{var} = warpgroup_mma({w.row_tile(rp)}, {w.loop_tile(lp)}.permute((1, 0)), zeros_s, use_acc=False, "
+           "is_async=True)" for var, rp, lp in issued]
+    # loads that read nothing computed in the block go out while the products run (a load issued after a wait
+    # leaves the tensor cores idle for its latency)
+    loop = w.s.loop
+    made = {m.group(1) for m in (re.match(r"(\w+) = ", x) for x in lines) if m} - {f"offs_{loop}", f"valid_{loop}"}
+    early = [x for x in lines if " = gl.load(" in x and not made & (set(re.findall(r"\b\w+\b", x.split(" = ", 1)[1])))]
+    lines = [x for x in lines if x not in early]
+    at = next(k for k, x in enumerate(lines) if not x.startswith((f"offs_{loop} ", f"valid_{loop} ", "if EVEN:", "else:",
+                                                                   f"    valid_{loop} ")))
+    lines = lines[:at] + early + lines[at:]
+    for line in lines:
+        for var in [v for v in pending if re.search(rf"\b{v}\b", line)]:
+            at = pending.index(var)
+            out.append(f"{var} = warpgroup_mma_wait(num_outstanding={len(pending) - at - 1}, deps=({var},))")
+            del pending[:at + 1]
+        out.append(line)
+        m = re.match(r"(\w+) = warpgroup_mma\(", line)
+        if m:
+            pending.append(m.group(1))
+    return out
+
+
+def _epilogue(w: GradientWriter, sched: Schedule, reds) -> tuple[list[str], list[tuple[str, str, list[str]]]]:
+    """The outputs other than the accumulated one, each leaving this consumer's rows through shared memory and
+    the copy engine (pointer stores from registers hold a 64-bit address per element beside the states): once
+    both consumers are done with the loop, consumer 0 takes the tile buffers and consumer 1 the accumulated
+    output's, 32 KB each, enough for 64 rows of 128 fp32 columns. Returns the lines and the outputs'
+    (descriptor, tensor, block)."""
+    row = sched.row
+    w.ctx = Context("epilogue", "epilogue", complete=set(reds), running=set())
+    terms = sched.term.args if sched.term.op == "pack" else (sched.term,)
+    lines = ["tma.store_wait(pendings=0)   # this consumer's adds have left acc_smem",
+             "mbarrier.arrive(done_bar, count=1)",
+             "mbarrier.wait(done_bar, 0)   # and the other's: no product or add reads tile_smem or acc_smem"]
+    descs = []
+    for k, (stem, axes, dtype, index) in enumerate(outputs(sched.spec)):
+        if k - 1 in sched.accumulated:
+            continue
+        v = w.emit(terms[k])
+        col = axes[-1]
+        if index is not None or v.axes != (row, col) or axes[-2] != row or dtype not in ("f16", "bf16", "f32") \
+                or any(a not in sched.grid for a in axes[:-2]):
+            raise NotEligible(f"output {stem} is not a [..., {row}, column] tile")
+        to = GLUON_DTYPE.get(dtype, "gl.float32")
+        param = f"{stem}_gdesc"
+        block = ["1"] * (len(axes) - 2) + [str(ROWS), w.ext(col)]
+        descs.append((param, stem, block))
+        coords = [a for a in axes[:-2]] + [f"i_lo + ME * {ROWS}", "0"]
+        lines += ["tma.store_wait(pendings=0)   # the last output has left",
+                  "if ME == 0:",
+                  f"    out_tile = tile_smem._reinterpret({to}, [{', '.join(block)}], {param}.layout)",
+                  "else:",
+                  f"    out_tile = acc_smem._reinterpret({to}, [{', '.join(block)}], {param}.layout)",
+                  f"out_tile.reshape([{ROWS}, {w.ext(col)}]).store({v.code}.to({to}))",
+                  "fence_async_shared()",
+                  f"tma.async_copy_shared_to_global({param}, [{', '.join(coords)}], out_tile)"]
+    return w.blocks["epilogue"] + lines, descs
+
+
+def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
+    """The Gluon kernel `{name}_gluon_kernel` of a matched schedule: producer, consumers and the kernel that
+    allocates their shared memory and starts them. Sets the writer's params and constexprs."""
+    w, name = m.writer, m.name
+    sched = w.s
+    row, loop = sched.row, sched.loop
+    rb, lb = w.block(row), w.block(loop)
+    dt = GLUON_DTYPE[w.dtype]
+    row_ops, loop_ops = list(w.row_operands), list(w.loop_operands)
+    pointers = []
+    for n in w.pointer_inputs:
+        pointers += [f"{n}_ptr"] + [f"{n}_s{k}" for k in range(len(w.spec.inputs[n].shape))]
+    params = row_ops + loop_ops + [m.acc_param] + [d for d, _, _ in m.out_descs] + pointers + w.dims
+    shared = [f"{p}_smem" for p in row_ops + loop_ops] + ["tile_smem", "acc_smem", "row_bar", "ready", "empty",
+                                                           "tile_bar", "done_bar"]
+    consts = [rb, lb, "STAGES", "ORDER", "EVEN"]
+    nbytes = (lambda ps: " + ".join(f"{p}.block_type.nbytes" for p in ps))
+    coords = (lambda p, table: ", ".join(table[p][0]))
+    producer = m.head + m.bounds + [
+        f"mbarrier.expect(row_bar, {nbytes(row_ops)})",
+        *[f"tma.async_copy_global_to_shared({p}, [{coords(p, w.row_operands)}], row_bar, {p}_smem)" for p in row_ops],
+        f"for it in range(gl.cdiv(hi - lo, {lb})):",
+        f"    start = lo + it * {lb}",
+        "    stage = it % STAGES",
+        "    mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1)   # a fresh barrier passes parity 1",
+        f"    mbarrier.expect(ready.index(stage), {nbytes(loop_ops)})",
+        *[f"    tma.async_copy_global_to_shared({p}, [{coords(p, w.loop_operands)}], ready.index(stage), "
+          f"{p}_smem.index(stage))" for p in loop_ops]]
+    cols = next(iter(w.cols))
+    layouts = [
+        f"S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], "
+        f"instr_shape=[16, {lb}, 16])",
+        f"O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], "
+        f"instr_shape=[16, {cols}, 16])",
+        f"HALF: gl.constexpr = {m.half}",
+        "H_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], "
+        "instr_shape=[16, HALF, 16])",
+        "P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)",
+        "S_ROWS: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)",
+        "S_COLS: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)",
+        "O_ROWS: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)",
+        "O_COLS: gl.constexpr = gl.SliceLayout(0, O_LAYOUT)"]
+    step = ["stage = it % STAGES", "mbarrier.wait(ready.index(stage), (it // STAGES) & 1)"]
+    consumer = layouts + m.head + [
+        f"offs_{row} = i_lo + ME * {ROWS} + gl.arange(0, {ROWS}, layout=S_ROWS)",
+        "if EVEN:", f"    valid_{row} = gl.full([{ROWS}], 1, gl.int1, S_ROWS)", "else:",
+        f"    valid_{row} = offs_{row} < {w.ext(row)}"] + w.blocks["prologue"] + m.bounds + w.blocks["init0"] + [
+        f"zeros_s = gl.zeros([{ROWS}, {lb}], gl.float32, S_LAYOUT)",
+        f"zeros_half = gl.zeros([{lb}, HALF], gl.float32, H_LAYOUT)",
+        f"acc_rows = acc_smem.index(ME).reshape([{lb}, HALF])",
+        "it = 0",
+        "mbarrier.wait(row_bar, 0)"]
+    body = step + m.body + m.acc_lines + ["it += 1"]
+    consumer += [f"for start in range(lo, hi, {lb}):"] + ["    " + x for x in body]
+    consumer += m.epilogue + ["tma.store_wait(pendings=0)"]
+    args = ", ".join(params + shared + consts)
+    sig = ", ".join(params + shared + [f"{c}: gl.constexpr" for c in consts])
+    top_sig = ", ".join(params + [f"{c}: gl.constexpr" for c in consts])
+    acc_shape = "[" + ", ".join(lb if b == lb else b for b in m.acc_block) + "]"
+    row_smem = [f"{p}_smem = gl.allocate_shared_memory({dt}, [{', '.join(w.row_operands[p][1])}], {p}.layout)"
+                for p in row_ops]
+    loop_smem = [f"{p}_smem = gl.allocate_shared_memory({dt}, [STAGES, {', '.join(w.loop_operands[p][1])}], "
+                 f"{p}.layout)" for p in loop_ops]
+    kernel = row_smem + loop_smem + [
+        f"tile_smem = gl.allocate_shared_memory({dt}, [2, {rb}, {lb}], "
+        f"gl.NVMMASharedLayout.get_default_for([{rb}, {lb}], {dt}))",
+        f"acc_smem = gl.allocate_shared_memory(gl.float32, [2] + {acc_shape}, {m.acc_param}.layout)",
+        "row_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())",
+        "ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())",
+        "empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())",
+        "tile_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())",
+        "done_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())",
+        "mbarrier.init(row_bar, count=1)",
+        "mbarrier.init(done_bar, count=2)   # both consumers are past the loop",
+        "for s in gl.static_range(STAGES):",
+        "    mbarrier.init(ready.index(s), count=1)",
+        "    mbarrier.init(empty.index(s), count=2)   # both consumers release a stage",
+        "for s in gl.static_range(2):",
+        "    mbarrier.init(tile_bar.index(s), count=2)   # both consumers' rows of the accumulated tile",
+        "fence_async_shared()",
+        "gl.warp_specialize([",
+        f"    ({name}_producer, ({args})),",
+        f"    ({name}_consumer, ({args}, gl.constexpr(0))),",
+        f"    ({name}_consumer, ({args}, gl.constexpr(1))),",
+        "], [4, 4], [240, 240])"]
+    src = (REDUCE_ADD + f"\n\n@gluon.jit\ndef {name}_producer({sig}):\n" + textwrap.indent("\n".join(producer), "    ")
+           + f"\n\n\n@gluon.jit\ndef {name}_consumer({sig}, ME: gl.constexpr):\n"
+           + textwrap.indent("\n".join(consumer), "    ")
+           + f"\n\n\n{jit_decorator('gluon', grid_sizes(w, params))}\ndef {name}_gluon_kernel({top_sig}):\n"
+           + textwrap.indent("\n".join(kernel), "    ") + "\n")
+    w.params, w.constexprs = params, consts
+    return src, w
+
+
+def gradient_launch(w: GradientWriter, m: GradientKernel, sched: Schedule, call_args: str) -> list[str]:
+    """Launcher lines running the Gluon gradient kernel (its arguments `call_args`) when the config asks for it
+    on a Hopper GPU and every descriptor can be built; they open an if whose else runs the Triton kernel."""
+    sizes = {w.block(sched.row): str(ROW_BLOCK), w.block(sched.loop): str(LOOP_BLOCK)}
+    lines = ["    gluon_descs = (None,)",
+             "    if cfg.get('BACKEND') == 'gluon' and device.type == 'cuda' and _hopper(device):"]
+    k = sched.accumulated[0]
+    for param, tensor, shape in list(w.descriptors.values()) + [(m.acc_param, f"out{k + 1}", m.acc_block)] + \
+            m.out_descs:
+        lines.append(f"        {param} = _gluon_descriptor({tensor}, [{', '.join(sizes.get(b, b) for b in shape)}])")
+    names = [p for p, _, _ in w.descriptors.values()] + [m.acc_param] + [p for p, _, _ in m.out_descs]
+    kernel = f"{w.name}_gluon_kernel"
+    tiles = f"-(-{w.ext(sched.row)} // {ROW_BLOCK}) * {' * '.join(w.ext(g) for g in sched.grid) or '1'}"
+    blocks = f"{w.block(sched.row)!r}: {ROW_BLOCK}, {w.block(sched.loop)!r}: {LOOP_BLOCK}"
+    return lines + [
+        f"        gluon_descs = ({', '.join(names)},)",
+        "    use_gluon = None not in gluon_descs",
+        "    if use_gluon:",
+        f"        gluon_cfg = {{{blocks}, 'STAGES': cfg['WS_STAGES'], 'ORDER': cfg['WS_ORDER'], 'num_warps': 4, "
+        "'maxnreg': 168}",
+        f"        gluon_cfg['EVEN'] = int({w.ext(sched.row)} % {ROW_BLOCK} == 0 and {w.ext(sched.loop)} % {LOOP_BLOCK} == 0)",
+        f"        gluon_args = ({call_args},)",
+        f"        gluon_consts = tuple(gluon_cfg[c] for c in {tuple(w.constexprs)!r})",
+        f"        use_gluon = _gluon_ready({kernel}, gluon_args, gluon_cfg, gluon_consts, config)",
+        "    if use_gluon:",
+        f"        _launch(rec, {kernel}, ({tiles},), gluon_args, gluon_cfg, gluon_consts)"]

@@ -1,0 +1,129 @@
+"""The warp-specialized Gluon gradient pass (codegen/gluon_gradients.py): which backward kernels get one (the pass
+that adds dQ beside dK and dV: `--atomic`, or a non-deterministic training backward), that it compiles for Hopper
+as three partitions that add through the copy engine's bulk reduce, and that its gradients match float64 on a
+Hopper GPU (NEPTUNE_TEST_DEVICE=cuda). Under the interpreter the module's Triton kernel runs
+(test_autodiff.test_attention_gradients_added_atomically)."""
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from neptune_eqsat.codegen.gluon_gradients import match_gradients
+from neptune_eqsat.codegen.triton_kernel import outputs
+from neptune_eqsat.compiler import optimize
+from neptune_eqsat.frontend.spec import load_spec
+from neptune_eqsat.plan.autodiff import differentiate
+
+from conftest import DEVICE, SPECS
+from test_autodiff import attention_spec
+
+ATOMIC = ["global_pf", "causal_pf", "gqa_pf", "softcap_pf", "window_pf"]
+
+
+def gradient_kernel(spec, accumulate=True):
+    """The compile result of the backward's first gradient kernel."""
+    return optimize(differentiate(spec, accumulate=accumulate).kernels[0].spec)
+
+
+@pytest.mark.parametrize("name", ATOMIC)
+def test_the_pass_adding_dq_beside_dk_and_dv_gets_a_gluon_kernel(name):
+    result = gradient_kernel(load_spec(str(SPECS / f"{name}.py")))
+    assert not isinstance(match_gradients(result.chosen.sched, "probe"), str)
+    assert f"def {result.spec.name}_gluon_kernel(" in result.source and "tma_reduce_add(" in result.source
+    assert "'BACKEND': 'gluon'" in result.source
+    assert "kernels: Triton, and a warp-specialized Gluon kernel for Hopper GPUs" in result.explain()
+
+
+@pytest.mark.parametrize("spec, accumulate, reason", [
+    # the two passes: dK and dV add nothing into another kernel's rows
+    (attention_spec(dim=128), False, "not one pass adding one output into another kernel's rows"),
+    # ALiBi's slope gradient is a second output added across programs
+    (attention_spec(dim=128, slope=True), True, "not one pass adding one output into another kernel's rows"),
+    # a head dimension the warpgroup products do not take
+    (attention_spec(dim=16), True, "not an fp32 [..., i, d] tile of 64 or 128 columns"),
+])
+def test_other_gradient_kernels_say_why_they_have_none(spec, accumulate, reason):
+    result = gradient_kernel(spec, accumulate)
+    assert reason in match_gradients(result.chosen.sched, "probe")
+    assert "_gluon_kernel" not in result.source
+
+
+HOPPER_PTX = r'''
+import importlib.util, json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+path, blocks = sys.argv[1], json.loads(sys.argv[2])
+spec = importlib.util.spec_from_file_location("generated", path)
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+kernel = getattr(mod, mod.NAME + "_gluon_kernel")
+values = {"BLOCK_J": 128, "BLOCK_I": 64, "STAGES": 2, "ORDER": 0, "EVEN": 1}
+signature, constants = {}, {}
+for p in kernel.params:
+    if p.is_constexpr:
+        signature[p.name], constants[p.name] = "constexpr", values[p.name]
+    elif p.name in blocks:
+        dtype, block = blocks[p.name]
+        layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, {"fp16": "float16", "bf16": "bfloat16",
+                                                                          "fp32": "float32"}[dtype]))
+        signature[p.name] = f"tensordesc<{dtype}[{', '.join(map(str, block))}],{layout!r}>"
+    elif p.name.endswith("_ptr"):
+        signature[p.name] = "*fp32"
+    else:
+        signature[p.name] = "i32"
+compiled = triton.compile(GluonASTSource(kernel, signature, constexprs=constants),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 168})
+ptx = compiled.asm["ptx"]
+regs = sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)))
+print(json.dumps([compiled.metadata.num_warps, ptx.count("wgmma.mma_async") > 0,
+                  ptx.count("cp.reduce.async.bulk.tensor"), regs]))
+'''
+
+
+@pytest.mark.parametrize("name, dtype", [("global_pf", "f16"), ("causal_pf", "bf16")])
+def test_the_gluon_gradient_kernel_compiles_for_hopper(name, dtype, tmp_path):
+    """For an H100 (to PTX and through ptxas): 12 warps, the consumers raised to 240 registers and the producer
+    lowered to 24, warpgroup products, and the accumulated output added by the bulk tensor reduce."""
+    result = gradient_kernel(load_spec(str(SPECS / f"{name}.py")).retyped(dtype))
+    path = tmp_path / "kernel.py"
+    path.write_text(result.source)
+    torch_names = {"f16": "fp16", "bf16": "bf16", "f32": "fp32"}
+    dtypes = {n: torch_names[t.dtype] for n, t in result.spec.inputs.items()}
+    dtypes.update({stem: torch_names[dt] for stem, _, dt, _ in outputs(result.spec)})
+    blocks = {param: (dtypes[tensor], [int(b) for b in block.split(", ")])
+              for param, tensor, block in re.findall(r"(\w+) = _gluon_descriptor\((\w+), \[([\d, ]+)\]\)",
+                                                     result.source)}
+    script = tmp_path / "ptx.py"
+    script.write_text(HOPPER_PTX)
+    run = subprocess.run([sys.executable, str(script), str(path), json.dumps(blocks)], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    warps, has_wgmma, reduces, regs = json.loads(run.stdout.strip().splitlines()[-1])
+    assert warps == 12 and has_wgmma and reduces >= 1
+    assert ["dec", "24"] in regs and ["inc", "240"] in regs
+
+
+@pytest.mark.skipif(DEVICE != "cuda" or not torch.cuda.is_available()
+                    or torch.cuda.get_device_capability()[0] != 9, reason="the Gluon kernel runs on Hopper GPUs")
+@pytest.mark.parametrize("causal, S", [(True, 777), (False, 256), (True, 1024)])
+def test_the_gluon_gradients_match_float64_on_hopper(causal, S, monkeypatch):
+    """Lengths off the blocks (the bound tests) and on them (EVEN: no tests), with and without a causal mask."""
+    monkeypatch.setenv("NEPTUNE_EQSAT_COMPILE_AHEAD", "0")   # the first call runs the Gluon kernel, not Triton's
+    from neptune_eqsat.frontend.reference import evaluate, random_inputs
+    from neptune_eqsat.training import Differentiable
+    spec = attention_spec(dim=128, heads=4, kv_heads=2, causal=causal)
+    inputs = random_inputs(spec, {**spec.typical, "S": S}, seed=3)
+    xs = [t.to("cuda").requires_grad_() for t in inputs.values()]
+    out = Differentiable(spec, deterministic=False)(*xs)
+    g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    out.backward(g.to(out.dtype).to("cuda"))
+    ref = {n: t.detach().clone().requires_grad_() for n, t in inputs.items()}
+    evaluate(spec, ref, differentiable=True).backward(g)
+    for (n, r), x in zip(ref.items(), xs):
+        scale = max(1.0, r.grad.abs().max().item())
+        assert (x.grad.cpu().double() - r.grad).abs().max().item() / scale < 2e-2, n
