@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from neptune_eqsat.plan.schedule import Schedule
 
 from .blocks import block_counts, kernel_lines
-from .gluon_writer import CONSUMERS, GLUON_DTYPE, ROWS, GluonWriter, NotEligible
+from .gluon_writer import CONSUMERS, GLUON_DTYPE, ROWS, GluonWriter, NotEligible, matched_or_why
 from .kernel import grid_sizes, jit_decorator
 from .loops import grid_index_lines, mask_bounds, pass_bounds, pass_table
 from .values import Context, Val
@@ -127,10 +127,7 @@ class WarpSpecialized:
 
 def match_warp_specialized(sched: Schedule, name: str) -> WarpSpecialized | str:
     """The schedule's roles in the warp-specialized pattern, or why it has none."""
-    try:
-        return _match(sched, name)
-    except NotEligible as e:
-        return str(e)
+    return matched_or_why(_match, sched, name)
 
 
 def _match(sched: Schedule, name: str) -> WarpSpecialized:

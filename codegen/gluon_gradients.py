@@ -27,7 +27,7 @@ from neptune_eqsat import ir
 from neptune_eqsat.plan.schedule import Schedule
 
 from .gluon_gradient_writer import GradientWriter
-from .gluon_writer import GLUON_DTYPE, ROWS, NotEligible
+from .gluon_writer import GLUON_DTYPE, ROWS, NotEligible, matched_or_why
 from .kernel import grid_sizes, jit_decorator
 from .loops import grid_index_lines, pass_bounds, pass_table
 from .triton_kernel import outputs
@@ -69,10 +69,7 @@ class GradientKernel:
 
 def match_gradients(sched: Schedule, name: str) -> GradientKernel | str:
     """The schedule's roles in the gradient pattern, or why it has none."""
-    try:
-        return _match(sched, name)
-    except NotEligible as e:
-        return str(e)
+    return matched_or_why(_match, sched, name)
 
 
 def _match(sched: Schedule, name: str) -> GradientKernel:

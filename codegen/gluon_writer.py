@@ -21,6 +21,14 @@ class NotEligible(Exception):
     """The schedule has no warp-specialized Gluon form; the message says why."""
 
 
+def matched_or_why(match, sched: Schedule, name: str):
+    """match(sched, name): a schedule's roles in a warp-specialized pattern, or the reason it has none."""
+    try:
+        return match(sched, name)
+    except NotEligible as e:
+        return str(e)
+
+
 class GluonWriter(KernelWriter):
     """KernelWriter whose per-element work lives in the layouts of a warpgroup's product tiles: (row, loop)
     values in S, row vectors in S's rows, (row, col) values in O (the P V accumulator)."""
