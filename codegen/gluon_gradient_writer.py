@@ -18,7 +18,20 @@ from neptune_eqsat.ir import Term
 from neptune_eqsat.plan.schedule import Schedule
 
 from .gluon_writer import GLUON_DTYPE, ROWS, GluonWriter, NotEligible
-from .values import Val, rounded_to
+from .values import OP_CODE, Val, rounded_to
+
+
+# a comparison of positions as a test of their difference against 0
+DIFFERENCE_TEST = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<", "eq": "==", "ne": "!="}
+
+
+def _positions_only(t: Term) -> bool:
+    """Is t integer arithmetic of axes (positions), sizes and integer constants alone?"""
+    for x in ir.walk(t):
+        if x.op == "const" and x.attrs[0] != int(x.attrs[0]) or x.op == "bin" and x.attrs[0] not in (
+                "add", "sub", "mul", *DIFFERENCE_TEST, *ir.LOGIC) or x.op not in ("axis", "dim", "const", "bin"):
+            return False
+    return True
 
 
 class GradientWriter(GluonWriter):
@@ -110,6 +123,30 @@ class GradientWriter(GluonWriter):
         var = self.fresh("mm")
         self.block_products.setdefault(blk, []).append((var, roles["row"], roles["loop"]))
         return Val(var, (self.row, self.loop), "f32")
+
+    def emit(self, t: Term, prev: bool = False) -> Val:
+        if t.op == "bin" and t.attrs[0] in (*DIFFERENCE_TEST, *ir.LOGIC) and _positions_only(t):
+            key = ("position test", self.home(t), t)
+            if key in self.cache:
+                return self._tested_again(t)
+            self.cache[key] = True
+        return super().emit(t, prev)
+
+    def _tested_again(self, t: Term) -> Val:
+        """A later use of a test of positions (a causal mask's i >= j), computed again as a difference, a form
+        the compiler does not merge with the first: a tile of truth values held from the scores to dS made the
+        consumers spill (320 bytes of stack against 176, causal attention compiled for sm_90). Positions are
+        below 2^30, so the difference does not overflow."""
+        if t.attrs[0] in ir.LOGIC:   # a mask of several tests (a window: i >= j and i - j < W), each again
+            a, b = (self._tested_again(x) if x.op == "bin" and x.attrs[0] in (*DIFFERENCE_TEST, *ir.LOGIC)
+                    else self.emit(x) for x in t.args)
+            axes = self.canon(set(a.axes) | set(b.axes))
+            return Val(OP_CODE["gl"]["bin"][t.attrs[0]].format(self.expand(a, axes), self.expand(b, axes)), axes,
+                       "bool")
+        a, b = self.emit(t.args[0]), self.emit(t.args[1])
+        axes = self.canon(set(a.axes) | set(b.axes))
+        return Val(f"(({self.expand(a, axes)} - {self.expand(b, axes)}) {DIFFERENCE_TEST[t.attrs[0]]} 0)", axes,
+                   "bool")
 
     def expand(self, v: Val, axes: tuple[str, ...]) -> str:
         if len(axes) == 2 and axes[0] == self.row and axes[1] != self.loop and v.axes == (self.row,):

@@ -37,6 +37,15 @@ def test_the_pass_adding_dq_beside_dk_and_dv_gets_a_gluon_kernel(name):
     assert "kernels: Triton, and a warp-specialized Gluon kernel for Hopper GPUs" in result.explain()
 
 
+def test_a_test_of_positions_used_again_is_computed_again():
+    """The causal mask is read at the scores and again at dS: the second read computes the test again, as a
+    difference the compiler does not merge with the first, so no tile of truth values is held between them."""
+    source = gradient_kernel(load_spec(str(SPECS / "causal_pf.py"))).source
+    consumer = source[source.index("_consumer("):source.index("_gluon_kernel(")]
+    assert re.search(r"t\d+ = \(offs_i\[None, :\] >= offs_j\[:, None\]\)", consumer)
+    assert "((offs_i[None, :] - offs_j[:, None]) >= 0)" in consumer
+
+
 @pytest.mark.parametrize("spec, accumulate, reason", [
     # the two passes: dK and dV add nothing into another kernel's rows
     (attention_spec(dim=128), False, "not one pass adding one output into another kernel's rows"),
