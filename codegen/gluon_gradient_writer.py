@@ -26,10 +26,14 @@ DIFFERENCE_TEST = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<", "eq": "==", "ne
 
 
 def _positions_only(t: Term) -> bool:
-    """Is t integer arithmetic of axes (positions), sizes and integer constants alone?"""
+    """Is t sums and differences of axes (positions), sizes and integer constants below 2^30 alone, tested
+    (a mask linear in the positions, whose sides' difference cannot overflow)?"""
     for x in ir.walk(t):
-        if x.op == "const" and x.attrs[0] != int(x.attrs[0]) or x.op == "bin" and x.attrs[0] not in (
-                "add", "sub", "mul", *DIFFERENCE_TEST, *ir.LOGIC) or x.op not in ("axis", "dim", "const", "bin"):
+        if x.op not in ("axis", "dim", "const", "bin"):
+            return False
+        if x.op == "const" and (x.attrs[0] != int(x.attrs[0]) or abs(x.attrs[0]) >= 2**30):
+            return False
+        if x.op == "bin" and x.attrs[0] not in ("add", "sub", *DIFFERENCE_TEST, *ir.LOGIC):
             return False
     return True
 

@@ -181,8 +181,8 @@ def _waits(w: GradientWriter, lines: list[str], blk: str) -> list[str]:
     made = {m.group(1) for m in (re.match(r"(\w+) = ", x) for x in lines) if m} - {f"offs_{loop}", f"valid_{loop}"}
     early = [x for x in lines if " = gl.load(" in x and not made & (set(re.findall(r"\b\w+\b", x.split(" = ", 1)[1])))]
     lines = [x for x in lines if x not in early]
-    at = next(k for k, x in enumerate(lines) if not x.startswith((f"offs_{loop} ", f"valid_{loop} ", "if EVEN:", "else:",
-                                                                   f"    valid_{loop} ")))
+    offsets = (f"offs_{loop} ", f"valid_{loop} ", "if EVEN:", "else:", f"    valid_{loop} ")
+    at = next(k for k, x in enumerate(lines) if not x.startswith(offsets))
     lines = lines[:at] + early + lines[at:]
     for line in lines:
         for var in [v for v in pending if re.search(rf"\b{v}\b", line)]:
@@ -347,7 +347,8 @@ def gradient_launch(w: GradientWriter, m: GradientKernel, sched: Schedule, call_
         "    if use_gluon:",
         f"        gluon_cfg = {{{blocks}, 'STAGES': cfg['WS_STAGES'], 'ORDER': cfg['WS_ORDER'], 'num_warps': 4, "
         "'maxnreg': 168}",
-        f"        gluon_cfg['EVEN'] = int({w.ext(sched.row)} % {ROW_BLOCK} == 0 and {w.ext(sched.loop)} % {LOOP_BLOCK} == 0)",
+        f"        gluon_cfg['EVEN'] = int({w.ext(sched.row)} % {ROW_BLOCK} == 0 and "
+        f"{w.ext(sched.loop)} % {LOOP_BLOCK} == 0)",
         f"        gluon_args = ({call_args},)",
         f"        gluon_consts = tuple(gluon_cfg[c] for c in {tuple(w.constexprs)!r})",
         f"        use_gluon = _gluon_ready({kernel}, gluon_args, gluon_cfg, gluon_consts, config)",
