@@ -35,7 +35,7 @@ from .values import Context, Val
 
 ROW_BLOCK = 2 * ROWS    # rows per program: one warpgroup's 64 each
 LOOP_BLOCK = 64         # loop-axis block: the accumulated tile's rows, one m64 product
-GRADIENT_GLUON_CONFIG = {"BACKEND": "gluon", "WS_STAGES": 2, "WS_ORDER": 0}
+GRADIENT_GLUON_CONFIG = {"BACKEND": "gluon", "WS_STAGES": 2, "WS_ORDER": 1}   # (tuning tries ORDER 1 and 2)
 
 # the copy engine's bulk tensor reduce, which Gluon (Triton 3.6) builds but does not name
 REDUCE_ADD = '''from triton._C.libtriton import ir as _triton_ir
@@ -85,10 +85,10 @@ def _match(sched: Schedule, name: str) -> GradientKernel:
         raise NotEligible("a mask whose key blocks are listed at run time")
     grid_tiles = " * ".join(w.ext(g) for g in sched.grid) or "1"
     row_blocks = f"gl.cdiv({w.ext(row)}, {w.block(row)})"
-    # ORDER 0: one grid index after another (its row blocks read the same loop blocks at about the same time,
-    # from the cache); ORDER 1: one row block after another across the grid (the longest first under a mask
+    # ORDER 1: one grid index after another (its row blocks read the same loop blocks at about the same time,
+    # from the cache); ORDER 2: one row block after another across the grid (the longest first under a mask
     # whose work falls with the row block, so the last wave is short where there are few programs)
-    head = ["if ORDER == 1:", f"    pid_row = gl.program_id(0) // ({grid_tiles})",
+    head = ["if ORDER == 2:", f"    pid_row = gl.program_id(0) // ({grid_tiles})",
             f"    pid_grid = gl.program_id(0) % ({grid_tiles})", "else:",
             f"    pid_row = gl.program_id(0) % {row_blocks}", f"    pid_grid = gl.program_id(0) // {row_blocks}"]
     head += grid_index_lines(w, sched)

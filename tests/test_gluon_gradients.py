@@ -16,6 +16,8 @@ from neptune_eqsat.codegen.triton_kernel import outputs
 from neptune_eqsat.compiler import optimize
 from neptune_eqsat.frontend.spec import load_spec
 from neptune_eqsat.plan.autodiff import differentiate
+from neptune_eqsat.runtime.loader import load_module
+from neptune_eqsat.tune.database import candidates
 
 from conftest import DEVICE, SPECS
 from test_autodiff import attention_spec
@@ -34,6 +36,10 @@ def test_the_pass_adding_dq_beside_dk_and_dv_gets_a_gluon_kernel(name):
     assert not isinstance(match_gradients(result.chosen.sched, "probe"), str)
     assert f"def {result.spec.name}_gluon_kernel(" in result.source and "tma_reduce_add(" in result.source
     assert "'BACKEND': 'gluon'" in result.source
+    mod = load_module(result.source, result.spec.name)
+    tries = candidates(mod.CONFIG)   # tuning starts from the default and varies the Gluon kernel's tunables
+    assert tries[0] == {k: mod.CONFIG[k] for k in tries[0]}
+    assert {c["WS_ORDER"] for c in tries if c["BACKEND"] == "gluon"} == {1, 2}
     assert "kernels: Triton, and a warp-specialized Gluon kernel for Hopper GPUs" in result.explain()
 
 
@@ -71,7 +77,7 @@ spec = importlib.util.spec_from_file_location("generated", path)
 mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
 kernel = getattr(mod, mod.NAME + "_gluon_kernel")
-values = {"BLOCK_J": 128, "BLOCK_I": 64, "STAGES": 2, "ORDER": 0, "EVEN": 1}
+values = {"BLOCK_J": 128, "BLOCK_I": 64, "STAGES": 2, "ORDER": 1, "EVEN": 1}
 signature, constants = {}, {}
 for p in kernel.params:
     if p.is_constexpr:
