@@ -48,26 +48,17 @@ class GradientWriter(GluonWriter):
         self.sixteen: dict[tuple, Val] = {}
 
     # ---- operands -------------------------------------------------------------------------------------------
-    def load(self, t: Term, order: tuple[str, ...], blk: str) -> Val:
+    def matrix_operand(self, t: Term, order: tuple[str, ...], blk: str) -> Val:
         name = t.attrs[0]
-        if not (t.free & set(self.tile_axes)) or order in ((self.row,), (self.loop,)):
-            if name not in self.pointer_inputs:   # a value per program, or a vector along rows or loop
-                self.pointer_inputs.append(name)
-            return super(GluonWriter, self).load(t, order, blk)
         along = [a for a in (self.row, self.loop) if a in order]
         if len(order) != 2 or len(along) != 1:
             raise NotEligible(f"input {name} is read as a {'x'.join(order)} tile, not as a matrix operand")
         role = "row" if along[0] == self.row else "loop"
-        self.indexing = True
-        found = self.descriptor_block(name, t.args, order)
-        self.indexing = False
-        dtype = self.spec.inputs[name].dtype
-        if found is None or found[3] or dtype not in GLUON_DTYPE or self.dtype not in (None, dtype):
+        param, coords, blocks, transposed = self.operand_block(t, order)
+        if transposed:
             raise NotEligible(f"input {name} cannot move as one block of the copy engine in {GLUON_DTYPE}")
-        self.dtype = dtype
-        param, coords, blocks, _ = found
         (self.row_operands if role == "row" else self.loop_operands)[param] = (coords, blocks)
-        return Val(f"<{role}:{param}>", order, dtype)
+        return Val(f"<{role}:{param}>", order, self.dtype)
 
     @staticmethod
     def role(v: Val) -> tuple[str, str] | None:

@@ -35,6 +35,7 @@ from .values import Context, Val
 
 ROW_BLOCK = 2 * ROWS    # rows per program: one warpgroup's 64 each
 LOOP_BLOCK = 64         # loop-axis block: the accumulated tile's rows, one m64 product
+ACC_DESC = "acc_desc"   # the kernel's parameter: the accumulated output's descriptor
 GRADIENT_GLUON_CONFIG = {"BACKEND": "gluon", "WS_STAGES": 2, "WS_ORDER": 1}   # (tuning tries ORDER 1 and 2)
 
 # the copy engine's bulk tensor reduce, which Gluon (Triton 3.6) builds but does not name
@@ -61,9 +62,8 @@ class GradientKernel:
     body: list[str]            # a block's lines: its products issued, each waited for where first read
     acc_lines: list[str]       # the accumulated output's tile into shared memory, its product and add
     epilogue: list[str]
-    out_descs: list          # (descriptor, tensor, block) of the outputs the consumers store
-    acc_param: str             # the accumulated output's descriptor
-    acc_block: list[str]
+    out_descs: list            # (descriptor, tensor, block) of the outputs the consumers store
+    acc_block: list[str]       # the block of the accumulated output's descriptor (ACC_DESC)
     half: int                  # columns of the accumulated output per consumer
 
 
@@ -120,8 +120,8 @@ def _match(sched: Schedule, name: str) -> GradientKernel:
     if found is None or w.role(found[1])[0] != "row" or found[3].axes != (row, loop):
         raise NotEligible(f"output {o.name}: not a per-element tile times an input read along the rows")
     tile = w.in_sixteen(found[2], found[3], blk)
-    acc_param, col = w.role(found[1])[1], next(a for a in found[1].axes if a != row)
-    acc_lines = _accumulated_tile(w, tile, acc_param)
+    operand, col = w.role(found[1])[1], next(a for a in found[1].axes if a != row)
+    acc_lines = _accumulated_tile(w, tile, operand)
     # the output's value from the product (a scale outside the sum), in a block of its own
     w.ctx.body = "acc"
     w.cache[("acc", sums[0], False, None)] = Val("acc_part", (loop, col), "f32")
@@ -139,11 +139,11 @@ def _match(sched: Schedule, name: str) -> GradientKernel:
     acc_block = found[2][:-1] + [str(half)]
     w.descriptors.pop((f"out{k + 1}", tuple(found[2])))
     coords = [a if a in sched.grid else "start" if a == loop else f"ME * {half}" for a in o.axes]
-    acc_lines.append(f"tma_reduce_add(acc_desc, [{', '.join(coords)}], acc_smem.index(ME))")
+    acc_lines.append(f"tma_reduce_add({ACC_DESC}, [{', '.join(coords)}], acc_smem.index(ME))")
     epilogue, out_descs = _epilogue(w, sched, reds)
     bounds = pass_bounds(w, 0, reds)
     kernel = GradientKernel(w, name, head, bounds, _waits(w, w.blocks[blk], blk), acc_lines, epilogue, out_descs,
-                            "acc_desc", acc_block, half)
+                            acc_block, half)
     text = "\n".join(kernel.body + acc_lines + epilogue)
     if re.search(r"<(row|loop):", text):
         raise NotEligible("an input operand is read in arithmetic, not as it is")
@@ -221,7 +221,7 @@ def _epilogue(w: GradientWriter, sched: Schedule, reds) -> tuple[list[str], list
         param = f"{stem}_gdesc"
         block = ["1"] * (len(axes) - 2) + [str(ROWS), w.ext(col)]
         descs.append((param, stem, block))
-        coords = [a for a in axes[:-2]] + [f"i_lo + ME * {ROWS}", "0"]
+        coords = list(axes[:-2]) + [f"i_lo + ME * {ROWS}", "0"]
         lines += ["tma.store_wait(pendings=0)   # the last output has left",
                   "if ME == 0:",
                   f"    out_tile = tile_smem._reinterpret({to}, [{', '.join(block)}], {param}.layout)",
@@ -245,7 +245,7 @@ def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
     pointers = []
     for n in w.pointer_inputs:
         pointers += [f"{n}_ptr"] + [f"{n}_s{k}" for k in range(len(w.spec.inputs[n].shape))]
-    params = row_ops + loop_ops + [m.acc_param] + [d for d, _, _ in m.out_descs] + pointers + w.dims
+    params = row_ops + loop_ops + [ACC_DESC] + [d for d, _, _ in m.out_descs] + pointers + w.dims
     shared = [f"{p}_smem" for p in row_ops + loop_ops] + ["tile_smem", "acc_smem", "row_bar", "ready", "empty",
                                                            "tile_bar", "done_bar"]
     consts = [rb, lb, "STAGES", "ORDER", "EVEN"]
@@ -291,7 +291,7 @@ def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
     args = ", ".join(params + shared + consts)
     sig = ", ".join(params + shared + [f"{c}: gl.constexpr" for c in consts])
     top_sig = ", ".join(params + [f"{c}: gl.constexpr" for c in consts])
-    acc_shape = "[" + ", ".join(lb if b == lb else b for b in m.acc_block) + "]"
+    acc_shape = "[" + ", ".join(m.acc_block) + "]"
     row_smem = [f"{p}_smem = gl.allocate_shared_memory({dt}, [{', '.join(w.row_operands[p][1])}], {p}.layout)"
                 for p in row_ops]
     loop_smem = [f"{p}_smem = gl.allocate_shared_memory({dt}, [STAGES, {', '.join(w.loop_operands[p][1])}], "
@@ -299,7 +299,7 @@ def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
     kernel = row_smem + loop_smem + [
         f"tile_smem = gl.allocate_shared_memory({dt}, [2, {rb}, {lb}], "
         f"gl.NVMMASharedLayout.get_default_for([{rb}, {lb}], {dt}))",
-        f"acc_smem = gl.allocate_shared_memory(gl.float32, [2] + {acc_shape}, {m.acc_param}.layout)",
+        f"acc_smem = gl.allocate_shared_memory(gl.float32, [2] + {acc_shape}, {ACC_DESC}.layout)",
         "row_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())",
         "ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())",
         "empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())",
@@ -334,10 +334,10 @@ def gradient_launch(w: GradientWriter, m: GradientKernel, sched: Schedule, call_
     lines = ["    gluon_descs = (None,)",
              "    if cfg.get('BACKEND') == 'gluon' and device.type == 'cuda' and _hopper(device):"]
     k = sched.accumulated[0]
-    for param, tensor, shape in list(w.descriptors.values()) + [(m.acc_param, f"out{k + 1}", m.acc_block)] + \
+    for param, tensor, shape in list(w.descriptors.values()) + [(ACC_DESC, f"out{k + 1}", m.acc_block)] + \
             m.out_descs:
         lines.append(f"        {param} = _gluon_descriptor({tensor}, [{', '.join(sizes.get(b, b) for b in shape)}])")
-    names = [p for p, _, _ in w.descriptors.values()] + [m.acc_param] + [p for p, _, _ in m.out_descs]
+    names = [p for p, _, _ in w.descriptors.values()] + [ACC_DESC] + [p for p, _, _ in m.out_descs]
     kernel = f"{w.name}_gluon_kernel"
     tiles = f"-(-{w.ext(sched.row)} // {ROW_BLOCK}) * {' * '.join(w.ext(g) for g in sched.grid) or '1'}"
     blocks = f"{w.block(sched.row)!r}: {ROW_BLOCK}, {w.block(sched.loop)!r}: {LOOP_BLOCK}"

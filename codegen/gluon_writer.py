@@ -61,18 +61,17 @@ class GluonWriter(KernelWriter):
         return super().expand(v, axes)
 
     def load(self, t: Term, order: tuple[str, ...], blk: str) -> Val:
+        if not (t.free & set(self.tile_axes)) or order in ((self.row,), (self.loop,)):
+            # a value per program (a per-head slope), or a vector along the rows or the keys (a document id per
+            # position): a pointer load, masked in the layout of that axis's offsets
+            if t.attrs[0] not in self.pointer_inputs:
+                self.pointer_inputs.append(t.attrs[0])
+            return super().load(t, order, blk)
+        return self.matrix_operand(t, order, blk)
+
+    def matrix_operand(self, t: Term, order: tuple[str, ...], blk: str) -> Val:
+        """An input read as a tile: one of the products' operands, moved by the copy engine (a placeholder)."""
         name = t.attrs[0]
-        dtype = self.spec.inputs[name].dtype
-        if not (t.free & set(self.tile_axes)):   # a value per program (a per-head slope): a pointer load
-            if name not in self.pointer_inputs:
-                self.pointer_inputs.append(name)
-            return super().load(t, order, blk)
-        if order in ((self.row,), (self.loop,)):
-            # a vector along the rows or the keys (a document id per position): a masked pointer load in the
-            # layout of that axis's offsets
-            if name not in self.pointer_inputs:
-                self.pointer_inputs.append(name)
-            return super().load(t, order, blk)
         if set(order) == {self.row, self.inner_axis()} and blk == "prologue":
             role = "a"
         elif set(order) == {self.loop, self.inner_axis()}:
@@ -81,16 +80,22 @@ class GluonWriter(KernelWriter):
             role = "v"
         else:
             raise NotEligible(f"input {name} is read as a {'x'.join(order)} tile, not as a matrix operand")
+        param, coords, blocks, _ = self.operand_block(t, order)
+        if self.operands.setdefault(role, (param, coords, blocks)) != (param, coords, blocks):
+            raise NotEligible(f"two different tensors are read as matrix operand {role}")
+        return Val(f"<{role}>", order, self.dtype)
+
+    def operand_block(self, t: Term, order: tuple[str, ...]) -> tuple[str, list[str], list[str], bool]:
+        """descriptor_block of an input read as a matrix operand, all of whose operands share one 16-bit dtype."""
+        name = t.attrs[0]
+        dtype = self.spec.inputs[name].dtype
         self.indexing = True
         found = self.descriptor_block(name, t.args, order)
         self.indexing = False
         if found is None or dtype not in GLUON_DTYPE or self.dtype not in (None, dtype):
             raise NotEligible(f"input {name} cannot move as one block of the copy engine in {GLUON_DTYPE}")
         self.dtype = dtype
-        param, coords, blocks, _ = found
-        if self.operands.setdefault(role, (param, coords, blocks)) != (param, coords, blocks):
-            raise NotEligible(f"two different tensors are read as matrix operand {role}")
-        return Val(f"<{role}>", order, dtype)
+        return found
 
     def inner_axis(self) -> str | None:
         return self.s.inner[0] if len(self.s.inner) == 1 else None
