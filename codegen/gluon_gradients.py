@@ -184,8 +184,14 @@ def _waits(w: GradientWriter, lines: list[str], blk: str) -> list[str]:
     offsets = (f"offs_{loop} ", f"valid_{loop} ", "if EVEN:", "else:", f"    valid_{loop} ")
     at = next(k for k, x in enumerate(lines) if not x.startswith(offsets))
     lines = lines[:at] + early + lines[at:]
-    for line in lines:
-        for var in [v for v in pending if re.search(rf"\b{v}\b", line)]:
+    while lines:
+        line = lines.pop(0)
+        waited = [v for v in pending if re.search(rf"\b{v}\b", line)]
+        if waited:
+            early = _narrowed_before([line] + lines, pending)   # (line reads a product: it is not among them)
+            out += early
+            lines = [x for x in lines if x not in early]
+        for var in waited:
             at = pending.index(var)
             out.append(f"{var} = warpgroup_mma_wait(num_outstanding={len(pending) - at - 1}, deps=({var},))")
             del pending[:at + 1]
@@ -194,6 +200,39 @@ def _waits(w: GradientWriter, lines: list[str], blk: str) -> list[str]:
         if m:
             pending.append(m.group(1))
     return out
+
+
+_NARROWING = re.compile(r"(t\d+) = \w+\.to\(gl\.(float16|bfloat16)\)$")
+
+
+def _narrowed_before(lines: list[str], pending: list[str]) -> list[str]:
+    """The lines of the 16-bit tiles among `lines` that read no product in flight, with the lines they need:
+    computed before a wait rather than after it, so a tile waits in 16 bits and the fp32 values it came from
+    are not held across the wait (a soft-cap's derivative factor from its tanh, beside dS)."""
+    defs = {m.group(1): k for k, m in enumerate(re.match(r"(t\d+) = ", x) for x in lines) if m}
+    needs: dict[int, set[int] | None] = {}
+
+    def chain(k: int) -> set[int] | None:   # the lines line k needs, or None where one reads a product in flight
+        if k not in needs:
+            rhs = lines[k].split(" = ", 1)[1]
+            names = set(re.findall(r"\b\w+\b", rhs))
+            if names & set(pending) or not re.match(r"t\d+ = ", lines[k]):
+                needs[k] = None
+            else:
+                found = {k}
+                for d in (defs[n] for n in names if n in defs):
+                    sub = chain(d)
+                    if sub is None:
+                        found = None
+                        break
+                    found |= sub
+                needs[k] = found
+        return needs[k]
+    picked: set[int] = set()
+    for k, x in enumerate(lines):
+        if _NARROWING.match(x) and chain(k) is not None:
+            picked |= chain(k)
+    return [lines[k] for k in sorted(picked)]
 
 
 def _epilogue(w: GradientWriter, sched: Schedule, reds) -> tuple[list[str], list[tuple[str, str, list[str]]]]:

@@ -175,8 +175,15 @@ def _index_condition(t: Term) -> bool:
 def masked_gives_identity(body: Term, reducer: str, masked: list[Term], loop: str, max_leaves: int = 6) -> bool:
     """With every where in `masked` taking its else branch, does body equal the reducer's identity for all
     values of the other leaves (loads, reductions, indices)?"""
-    subst = {w: w.args[2] for w in masked}
-    body = ir.substitute(body, subst)
+    out = _over_leaves(ir.substitute(body, {w: w.args[2] for w in masked}), max_leaves)
+    np = _numpy()[0]
+    return out is not None and bool(np.all(out == ir.REDUCERS[reducer]))
+
+
+def _over_leaves(body: Term, max_leaves: int):
+    """body in numpy over a grid of values of each of its leaves (None past max_leaves leaves): loads finite, an
+    index condition true and false, a reduction also -inf (an empty row's max) unless it is a sum of a body
+    finite wherever its leaves are (a sum of dO V, not of a masked score)."""
     leaves: list[Term] = []
 
     def find(t: Term) -> None:
@@ -191,24 +198,25 @@ def masked_gives_identity(body: Term, reducer: str, masked: list[Term], loop: st
 
     find(body)
     if len(leaves) > max_leaves:
-        return False
+        return None
+    np = _numpy()[0]
     grids = []
     for leaf in leaves:
         if _index_condition(leaf):
             grids.append([0.0, 1.0])
         elif leaf.op in ("axis", "dim"):
             grids.append([0.0, 1.0, 5.0])
+        elif leaf.op == "red" and leaf.attrs[0] == "sum":
+            inner = _over_leaves(leaf.args[0], max_leaves)
+            grids.append(FINITE if inner is not None and np.all(np.isfinite(inner)) else REDUCED)
         elif ir.is_reduction(leaf) or leaf.op in ("prev", "acc"):
             grids.append(REDUCED)
         else:
             grids.append(FINITE)
-    np = _numpy()[0]
     values = {leaf: np.array(g).reshape([-1 if k == n else 1 for k in range(len(leaves))])
               for n, (leaf, g) in enumerate(zip(leaves, grids))}
-
     with np.errstate(all="ignore"):
-        out = np.broadcast_to(evaluate(body, lambda x, ev: values.get(x)), [len(g) for g in grids] or [1])
-    return bool(np.all(out == ir.REDUCERS[reducer]))
+        return np.broadcast_to(evaluate(body, lambda x, ev: values.get(x)), [len(g) for g in grids] or [1])
 
 
 def evaluate(t: Term, leaf):

@@ -104,15 +104,18 @@ def main() -> None:
 @click.option("--atomic", is_flag=True, help="With --backward: a kernel whose loop runs over another's rows adds "
                                              "its gradients into that kernel's atomically (dQ beside dK and dV; "
                                              "not deterministic).")
+@click.option("--wrt", default=None, help="With --backward: the inputs to differentiate with respect to, "
+                                          "comma-separated (default: every floating input the output reads).")
 def optimize(spec_file: str, output: str | None, explain: bool, shape: str | None, max_nodes: int,
              max_seconds: float, dtype: str | None, device_text: str | None, plan: str | None,
-             backward: bool, atomic: bool) -> None:
+             backward: bool, atomic: bool, wrt: str | None) -> None:
     """Optimize SPEC_FILE and write the fused kernel module."""
     from neptune_eqsat.compiler import PlanError, optimize as run
     from neptune_eqsat.plan.saturate import Limits
 
     spec = _load(spec_file, dtype)
     sizes = _spec_sizes(spec, _sizes(shape), every=False)
+    names = _wrt(spec, wrt, backward, atomic)
     try:
         result = run(spec, sizes=sizes, limits=Limits(max_nodes, max_seconds), spec_file=spec_file,
                      device=_device(device_text), out_file=output or "OUT.py", plan=plan)
@@ -121,7 +124,7 @@ def optimize(spec_file: str, output: str | None, explain: bool, shape: str | Non
     if explain:
         click.echo(result.explain())
     if backward:
-        result.source = _with_backward(result, sizes, Limits(max_nodes, max_seconds), explain, atomic)
+        result.source = _with_backward(result, sizes, Limits(max_nodes, max_seconds), explain, atomic, names)
     if output:
         _write(output, result.source)
         click.echo(f"wrote {output} ({result.summary()})")
@@ -129,14 +132,29 @@ def optimize(spec_file: str, output: str | None, explain: bool, shape: str | Non
         click.echo(result.source)
 
 
-def _with_backward(result, sizes: dict[str, int], limits, explain: bool, atomic: bool) -> str:
+def _wrt(spec, wrt: str | None, backward: bool, atomic: bool) -> tuple[str, ...] | None:
+    """The --wrt names, checked against the spec's inputs before anything compiles."""
+    if (wrt or atomic) and not backward:
+        raise click.UsageError("--wrt and --atomic go with --backward")
+    if not wrt:
+        return None
+    names = tuple(n.strip() for n in wrt.split(",") if n.strip())
+    unknown = [n for n in names if n not in spec.inputs]
+    if unknown or not names:
+        raise click.BadParameter(f"no input {', '.join(unknown) or repr(wrt)}; spec {spec.name} has inputs "
+                                 f"{', '.join(spec.inputs)}", param_hint="--wrt")
+    return names
+
+
+def _with_backward(result, sizes: dict[str, int], limits, explain: bool, atomic: bool,
+                   wrt: tuple[str, ...] | None = None) -> str:
     """The forward module's source with the derived backward's kernels beside it (codegen/backward_module.py)."""
     from neptune_eqsat.plan.autodiff import differentiate
     from neptune_eqsat.codegen.backward_module import module_source
     from neptune_eqsat.compiler import optimize as run
 
     try:
-        bw = differentiate(result.spec, accumulate=atomic)
+        bw = differentiate(result.spec, wrt, accumulate=atomic)
         sources = {}
         for key, sub in [(s.name, s.spec) for s in bw.stages] + [(k.spec.name, k.spec) for k in bw.kernels]:
             sub_sizes = {n: v for n, v in sizes.items() if n in sub.dims_}

@@ -79,12 +79,18 @@ class CompiledBackward:
             tensors[stage.name] = run_spec(stage.spec, tensors)
         sizes = bind_sizes(spec, inputs)
         result: dict[str, torch.Tensor] = {}
+        inputs_read = [p.input for kernel in bw.kernels for p in kernel.parts]
         for kernel in bw.kernels:
             gs = run_spec(kernel.spec, tensors)
             for part, g in zip(kernel.parts, gs if len(kernel.parts) > 1 else (gs,)):
                 x = inputs[part.input]
                 if part.as_is:
                     result[part.input] = g   # the input's only part, in its dtype (autodiff._in_input_dtype)
+                    continue
+                if part.groups is not None and inputs_read.count(part.input) == 1:
+                    # its whole gradient: a sum over groups rounds once from its fp32 accumulator, as a
+                    # buffer's cast would, without the buffer
+                    result[part.input] = _summed(part, g).expand(x.shape).contiguous()
                     continue
                 acc = result.get(part.input)
                 if acc is None:
@@ -99,16 +105,10 @@ class CompiledBackward:
 def _accumulate(spec: Spec, part: GradPart, g: torch.Tensor, acc: torch.Tensor, sizes: dict[str, int],
                 inputs: dict[str, torch.Tensor]) -> None:
     """acc[index] += g summed over the host axes, with repeated indices adding up."""
-    axes = part.spec.output_axes
-    present = axes[:len(axes) - len(part.host_sum)]
-    if part.host_sum:
-        g = g.sum(dim=tuple(range(len(present), len(axes))))
-    g = _align((g, present), part.axes)   # size 1 along the index's axes the gradient does not vary along
     if part.groups is not None:   # plain axes, and key heads h // G: sums over groups, no scatter
-        for k, c in part.groups:
-            g = g.unflatten(k, (-1, c)).sum(k + 1) if g.shape[k] > 1 else g * c   # c equal terms
-        acc += g
+        acc += _summed(part, g)
         return
+    g = _host_summed(part, g)
     read = {t.attrs[0] for x in part.index for t in ir.walk(x) if t.op == "load"}
     ev = Evaluator(spec, {n: inputs[n] for n in read}, sizes=sizes, device=acc.device)
     index = []
@@ -120,6 +120,23 @@ def _accumulate(spec: Spec, part: GradPart, g: torch.Tensor, acc: torch.Tensor, 
             index.append(_align(value, part.axes).long())
     shape = torch.broadcast_shapes(g.shape, *(i.shape for i in index))
     acc.index_put_(tuple(index), g.to(acc.dtype).expand(shape), accumulate=True)
+
+
+def _host_summed(part: GradPart, g: torch.Tensor) -> torch.Tensor:
+    """g summed over the host axes, with size 1 along the index's axes the gradient does not vary along."""
+    axes = part.spec.output_axes
+    present = axes[:len(axes) - len(part.host_sum)]
+    if part.host_sum:
+        g = g.sum(dim=tuple(range(len(present), len(axes))))
+    return _align((g, present), part.axes)
+
+
+def _summed(part: GradPart, g: torch.Tensor) -> torch.Tensor:
+    """A part of plain axes and key heads h // G: g summed over the host axes and over its groups."""
+    g = _host_summed(part, g)
+    for k, c in part.groups:
+        g = g.unflatten(k, (-1, c)).sum(k + 1) if g.shape[k] > 1 else g * c   # c equal terms
+    return g
 
 
 class _SpecFunction(torch.autograd.Function):

@@ -67,6 +67,34 @@ RULES.append(Rule("cast-of-product", F, "cast(a * b) = cast(a) * b for a cast to
                   _cast_of_product, _cast_of_product_obligation))
 
 
+def _mask_absorbed() -> list:
+    """where(p, a * e, 0) = a * e for e = exp(where(p, s, -inf) - r), in base e or 2, rounded or not: e is 0
+    wherever p is false, so the product is too (a gradient's dS = P (dP - D) under a mask). Over the reals a is
+    finite; a factor rounded to 16 bits that overflows makes NaN here where the mask made 0, as the rounded
+    product overflows where the mask is true."""
+    p, a, s, r, m, dtype = (*(var(n, ETerm) for n in "pasr"), var("matched", ETerm), var("dtype", String))
+    found = []
+    for fn in ("exp", "exp2"):
+        e = ETerm.un(fn, ETerm.bin("sub", ETerm.where(p, s, ETerm.const(float("-inf"))), r))
+        for name, factor in ((f"mask-absorbed-by-{fn}", e), (f"mask-absorbed-by-rounded-{fn}", ETerm.cast(dtype, e))):
+            found.append(rule(m == ETerm.where(p, ETerm.bin("mul", a, factor), ETerm.const(0.0)), name=name)
+                         .then(union(m).with_(ETerm.bin("mul", a, factor))))
+    return found
+
+
+def _mask_absorbed_obligation() -> tuple[str, bool]:
+    c, a, s, r = sp.symbols("c a s r", real=True)
+    masked = sp.Piecewise((s, sp.Ne(c, 0)), (-sp.oo, True))   # where(c, s, -inf)
+    ok = all(proves(sp.Piecewise((a * e, sp.Ne(c, 0)), (0, True)), a * e)
+             for e in (sp.exp(masked - r), 2 ** (masked - r)))
+    return "where(c, a * exp(where(c, s, -inf) - r), 0) = a * exp(where(c, s, -inf) - r) (and in base 2)", ok
+
+
+RULES.append(Rule("mask-absorbed-by-exp", F, "where(p, a * exp(where(p, s, -inf) - r), 0) = a * exp(where(p, s, "
+                  "-inf) - r): the exp is 0 where the mask is false, so a second test of the mask is redundant",
+                  _mask_absorbed, _mask_absorbed_obligation))
+
+
 def _guarded_exp() -> list:
     x, m = var("x", ETerm), var("matched", ETerm)
     return [rule(m == ETerm.un("finite_or_zero", ETerm.un("exp", x)), name="guarded-exp")

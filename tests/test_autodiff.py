@@ -355,6 +355,8 @@ def test_optimize_backward_writes_one_standalone_module(tmp_path, source, sizes)
     assert run.exit_code == 0, run.output
     text = out.read_text()
     assert "neptune_eqsat" not in text.split('"""', 2)[2]   # no import of the compiler
+    if "h // 2" in source:   # k's and v's gradients are the group sums themselves, without an fp32 buffer
+        assert "grads['k'] = g.expand(t['k'].shape)" in text and "torch.zeros(t['k']" not in text
     spec = load_spec(path)
     module = load_module(text, f"{spec.name}_with_backward")
     inputs = random_inputs(spec, {**spec.typical, **sizes}, seed=4)
@@ -405,3 +407,18 @@ def test_every_part_keeps_its_kernel_when_parts_join_others():
     groups = _sharing_loops(spec, parts)
     assert sorted(p.input for g in groups for p in g) == ["x", "y", "z"]
     assert [[p.input for p in g] for g in groups] == [["y", "x"], ["z"]]
+
+
+def test_optimize_backward_with_respect_to_some_inputs(tmp_path):
+    """--wrt q,k,v leaves ALiBi's slopes out (as a captured tensor that does not require grad): the one-pass
+    backward then adds dQ alone across programs, which the Gluon gradient kernel takes."""
+    from click.testing import CliRunner
+
+    from neptune_eqsat.cli import main
+
+    path, out = tmp_path / "small.py", tmp_path / "with_backward.py"
+    path.write_text(SMALL_ALIBI_GQA.replace("H, HKV, D = 4, 2, 16", "H, HKV, D = 4, 2, 128"))
+    run = CliRunner().invoke(main, ["optimize", str(path), "--backward", "--atomic", "--wrt", "q,k,v", "-o", str(out)])
+    assert run.exit_code == 0, run.output
+    text = out.read_text()
+    assert "WRT = ('q', 'k', 'v')" in text and "tma_reduce_add(" in text

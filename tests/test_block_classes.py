@@ -327,3 +327,20 @@ def test_an_infinite_rounded_value_stays_infinite(kind):
     index = ir.bin("min", ir.bin("max", ir.un("recip", i), ir.const(0)), ir.const(N_DOC - 1))
     check_sound(ir.bin("lt", i, ir.load("doc", index)), 1, 1, 1, 1, random_tensors(0), kind)
     check_sound(ir.bin("lt", ir.un("recip", i), j), 3, 3, 1, 1, {}, kind)
+
+
+def test_a_gradient_masked_only_through_its_exp_skips_the_masked_blocks():
+    """dS = (D + dP) * exp(where(p, s, -inf) - lse) once its second test of p is absorbed (rule
+    mask-absorbed-by-exp): a masked element is (D + dP) * 0, which is 0 because dP = sum_e dO V of finite values
+    is finite, so masked blocks are skipped. A maximum may be -inf (an empty row): a factor that is a maximum
+    does not let the block be skipped (-inf * 0 is NaN)."""
+    from neptune_eqsat.codegen.masks import masked_gives_identity
+    i, j, d, e = (ir.axis(a) for a in "ijde")
+    scores = ir.red("sum", "d", ir.bin("mul", ir.load("q", i, d), ir.load("k", j, d)))
+    mask = ir.where(ir.bin("ge", i, j), scores, ir.const(float("-inf")))
+    p = ir.un("exp2", ir.bin("sub", mask, ir.load("lse", i)))
+    dp = ir.red("sum", "e", ir.bin("mul", ir.load("d_o", i, e), ir.load("v", j, e)))
+    ds = ir.bin("mul", ir.bin("add", ir.load("stat", i), dp), p)
+    assert masked_gives_identity(ir.bin("mul", ir.load("q", i, d), ds), "sum", [mask], "i")
+    row_max = ir.red("max", "e", ir.bin("mul", ir.load("d_o", i, e), ir.load("v", j, e)))
+    assert not masked_gives_identity(ir.bin("mul", row_max, p), "sum", [mask], "i")

@@ -133,6 +133,8 @@ def test_optimize_reads_the_measurements_of_the_named_gpu(tmp_path, monkeypatch)
     (["optimize", "softmax", "--device", "sms=0"], "device field sms: must be positive, got 0"),
     (["optimize", "softmax", "--device", "bandwidth=-3e12"], "device field bandwidth: must be positive"),
     (["rules", "check", "--examples", "0", "exp-split"], "--examples"),
+    (["optimize", "softmax", "--backward", "--wrt", "x,y"], "no input y; spec softmax has inputs x"),
+    (["optimize", "softmax", "--wrt", "x"], "--wrt and --atomic go with --backward"),
 ])
 def test_a_users_mistake_is_one_line_and_exit_code_2(command, message):
     args = [str(SPECS / f"{a}.py") if a == "softmax" else a for a in command]

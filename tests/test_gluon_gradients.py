@@ -4,6 +4,7 @@ as three partitions that add through the copy engine's bulk reduce, and that its
 Hopper GPU (NEPTUNE_TEST_DEVICE=cuda). Under the interpreter the module's Triton kernel runs
 (test_autodiff.test_attention_gradients_added_atomically)."""
 import json
+import math
 import re
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from neptune_eqsat.compiler import optimize
 from neptune_eqsat.frontend.spec import load_spec
 from neptune_eqsat.plan.autodiff import differentiate
 from neptune_eqsat.runtime.loader import load_module
+from neptune_eqsat.spec import Spec, cast, exp, sum, where
+from neptune_eqsat.spec import max as smax
 from neptune_eqsat.tune.database import candidates
 
 from conftest import DEVICE, SPECS
@@ -43,13 +46,34 @@ def test_the_pass_adding_dq_beside_dk_and_dv_gets_a_gluon_kernel(name):
     assert "kernels: Triton, and a warp-specialized Gluon kernel for Hopper GPUs" in result.explain()
 
 
+def near_diagonal_doubled(dim=128):
+    """Causal attention whose scores within 8 of the diagonal count double: its gradient reads the test
+    i - j < 8 at the scores and again at dS, where the causal mask's second read is absorbed by exp."""
+    spec = Spec("doubled")
+    B, S = spec.dims(B=1, S=256)
+    b, h, i, j, d, e = spec.axes(b=B, h=2, i=S, j=S, d=dim, e=dim)
+    q, k, v = (spec.input(n, "f16", B, 2, S, dim) for n in "qkv")
+    s = sum(d, q[b, h, i, d] * k[b, h, j, d]) / math.sqrt(dim)
+    s = where(i >= j, where(i - j < 8, s * 2, s), -math.inf)
+    m = smax(j, s)
+    p = exp(s - where(m == -math.inf, 0, m))
+    o = sum(j, cast(p, "f16") * v[b, h, j, e]) / where(sum(j, p) == 0, 1, sum(j, p))
+    spec.output("o", "f16", o, b, h, i, e)
+    return spec
+
+
 def test_a_test_of_positions_used_again_is_computed_again():
-    """The causal mask is read at the scores and again at dS: the second read computes the test again, as a
-    difference the compiler does not merge with the first, so no tile of truth values is held between them."""
-    source = gradient_kernel(load_spec(str(SPECS / "causal_pf.py"))).source
+    """A test of positions read at the scores and again at dS: the second read computes the test again, as a
+    difference the compiler does not merge with the first, so no tile of truth values is held between them.
+    The causal mask is read once: its second read, at dS, is absorbed by the exp (rule mask-absorbed-by-exp)."""
+    source = gradient_kernel(near_diagonal_doubled()).source
     consumer = source[source.index("_consumer("):source.index("_gluon_kernel(")]
     assert re.search(r"t\d+ = \(offs_i\[None, :\] >= offs_j\[:, None\]\)", consumer)
-    assert "((offs_i[None, :] - offs_j[:, None]) >= 0)" in consumer
+    assert re.search(r"\(\(t\d+ - 8\) < 0\)", consumer)
+    causal = gradient_kernel(load_spec(str(SPECS / "causal_pf.py"))).source
+    consumer = causal[causal.index("_consumer("):causal.index("_gluon_kernel(")]
+    assert len(re.findall(r"offs_i\[None, :\] >= offs_j|offs_i\[None, :\] - offs_j", consumer)) == 1
+    assert "lo = (gl.maximum(0, -(-1 * i_lo + 0)) // BLOCK_I) * BLOCK_I" in consumer   # from the diagonal
 
 
 @pytest.mark.parametrize("spec, accumulate, reason", [

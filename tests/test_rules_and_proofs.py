@@ -67,3 +67,24 @@ def test_planted_unsound_rule_is_refused_and_left_out():
 def test_families_are_separate_rulesets():
     assert set(FAMILIES) == {"algebra", "reduction", "substitution", "rolling", "scalar", "splitk"}
     assert all(r.family in FAMILIES or r.family in TERM_FAMILIES for r in ALL_RULES)
+
+
+def test_a_second_test_of_a_mask_under_its_exp_is_absorbed():
+    """where(p, a * exp(where(p, s, -inf) - r), 0) is a * exp(...) (the exp is 0 where p is false): proved, and
+    fired only where both tests are the same mask."""
+    absorbed = next(r for r in ALL_RULES if r.name == "mask-absorbed-by-exp")
+    assert absorbed.proof[1]
+    i, j, a, s, r = (ETerm.axis(n) for n in ("i", "j", "a", "s", "r"))
+    neg_inf, zero = ETerm.const(float("-inf")), ETerm.const(0.0)
+
+    def masked_product(test, mask):
+        e = ETerm.cast("f16", ETerm.un("exp2", ETerm.bin("sub", ETerm.where(mask, s, neg_inf), r)))
+        return ETerm.where(test, ETerm.bin("mul", a, e), zero), ETerm.bin("mul", a, e)
+
+    causal, other = ETerm.bin("ge", i, j), ETerm.bin("gt", i, j)
+    for test, equal in ((causal, True), (other, False)):
+        lhs, rhs = masked_product(test, causal)
+        eg = EGraph()
+        x = eg.let("x", lhs)
+        eg.run(make_ruleset("absorbed", [absorbed]) * 2)
+        assert eg.check_bool(eq(x).to(rhs)) is equal

@@ -8,9 +8,10 @@ the plain math.
     python -m bench.suite.backward --systems neptune,neptune_before,flex --before DIR   # a change, in one run
 
 Each system's backward alone is timed (the forward runs once; torch's systems call autograd.grad on the kept
-graph; neptune's module calls backward(q, k, v, out=, grad_out=, saved=), which also computes the ALiBi slopes'
-gradient, with the row values its forward_saved wrote, as FlexAttention's backward reads the forward's
-logsumexp). Throughput counts 2.5 times the forward's useful FLOPs. Our gradients are checked against float64
+graph; neptune's module calls backward(q, k, v, out=, grad_out=, saved=) with the row values its forward_saved
+wrote, as FlexAttention's backward reads the forward's logsumexp). Every system computes the gradients of q, k
+and v: the modules are generated with `--wrt q,k,v`, so ALiBi's slopes are a captured tensor without a gradient,
+as the other systems take them (`optimize --backward` alone also derives the slopes' gradient). Throughput counts 2.5 times the forward's useful FLOPs. Our gradients are checked against float64
 autograd of the plain math on the first group of heads (every query head of KV head 0).
 """
 from __future__ import annotations
@@ -46,7 +47,8 @@ def generate(dtype: str, ops: list[str]) -> None:
     for name in ops:
         for system in ("neptune", "neptune_atomic"):
             out = module_path(name, dtype, system)
-            cmd = ["neptune-eqsat", "optimize", str(common.SPECS / f"{name}.py"), "--backward", "-o", str(out)]
+            cmd = ["neptune-eqsat", "optimize", str(common.SPECS / f"{name}.py"), "--backward", "--wrt", "q,k,v",
+                   "-o", str(out)]
             cmd += ["--dtype", "bf16"] if dtype == "bf16" else []
             cmd += ["--atomic"] if system == "neptune_atomic" else []
             subprocess.run(cmd, check=True)

@@ -44,9 +44,14 @@ def _as_product(r: Term, dtypes: dict[str, str]) -> Term:
 
 def _rounded(t: Term, dtype: str, dtypes: dict[str, str]) -> Term:
     """t rounded to `dtype` factor by factor: a cast of a product is the same value, but the algebra rules may
-    move such a cast onto one factor (cast(a * b) = cast(a) * b), which leaves an fp32 operand."""
+    move such a cast onto one factor (cast(a * b) = cast(a) * b), which leaves an fp32 operand. A mask's select
+    of a zero rounds its value alone (where(p, a, 0) rounds to where(p, cast(a), 0) exactly), so a masked
+    product's factors are rounded too: a probability factor is then the 16-bit tile the other product reads,
+    not an fp32 one held beside it."""
     if t.op == "bin" and t.attrs[0] == "mul":
         return ir.bin("mul", _rounded(t.args[0], dtype, dtypes), _rounded(t.args[1], dtype, dtypes))
+    if t.op == "where" and t.args[2] == ir.const(0.0):
+        return ir.where(t.args[0], _rounded(t.args[1], dtype, dtypes), t.args[2])
     return t if _sixteen(t, dtypes) == dtype else ir.cast(dtype, t)
 
 
