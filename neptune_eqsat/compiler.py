@@ -158,9 +158,14 @@ def module_name(spec: Spec) -> str:
     return re.sub(r"\W", "_", spec.name)
 
 
-def _saturated_candidates(spec: Spec, sizes: dict, device: Device, measured, limits: Limits | None):
-    """Saturate the spec's term and extract its candidate plans; the e-graph is freed before returning."""
-    sat = saturate(spec.root_term, limits, extents=spec.axis_dims)
+SATURATIONS = 3   # tries when extractions do not read as the spec's term (egglog 13.2 now and then swaps literals)
+
+
+def _saturated_candidates(spec: Spec, sizes: dict, device: Device, measured, limits: Limits | None,
+                          shared: bool = True):
+    """Saturate the spec's term and extract its candidate plans; the e-graph is freed before returning.
+    `shared`: in the e-graph kept with its rules declared (saturate.py), else in a fresh one."""
+    sat = saturate(spec.root_term, limits, extents=spec.axis_dims, shared=shared)
     try:
         return sat, candidates(sat, spec, sizes, device, plan_times(measured))
     finally:
@@ -182,9 +187,13 @@ def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, devic
     device = device or Device.detect()
     measured = measured_plans(spec.name, sizes, device.name)
     sat, cands = _saturated_candidates(spec, sizes, device, measured, limits)
-    if sat.malformed:   # an extraction that did not read as the spec's term: saturate once more, afresh
-        again, cands = _saturated_candidates(spec, sizes, device, measured, limits)
-        again.rejected[:0] = [f"(first saturation) {r}" for r in sat.rejected]
+    for attempt in range(2, SATURATIONS + 1):
+        if not sat.malformed:
+            break
+        # an extraction that did not read as the spec's term: saturate again, in a fresh e-graph (one in ten
+        # to twenty compiles of a gradient kernel met it, and a few of those met it twice in a row)
+        again, cands = _saturated_candidates(spec, sizes, device, measured, limits, shared=False)
+        again.rejected[:0] = [f"(saturation {attempt - 1}) {r}" for r in sat.rejected]
         sat = again
     if not cands:
         why = "; ".join(sat.rejected) or "every form left in the e-graph is banned in every plan family"

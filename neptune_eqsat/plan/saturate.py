@@ -131,15 +131,16 @@ def _fingerprint(eg: EGraph) -> int:
 
 
 def saturate(term: Term, limits: Limits | None = None, families: list[str] | None = None,
-             extents: dict[str, str] | None = None) -> Saturation:
-    """`extents`: axis -> the dim it runs over, for the rules that read it (a count over j is that dim)."""
+             extents: dict[str, str] | None = None, shared: bool = True) -> Saturation:
+    """`extents`: axis -> the dim it runs over, for the rules that read it (a count over j is that dim);
+    `shared`: in the e-graph kept with every rule family declared (_Base) where it is free, else a fresh one."""
     limits = limits or Limits()
     order = [f for f in SCHEDULE if f in FAMILIES] + [f for f in FAMILIES if f not in SCHEDULE]   # new ones last
     unknown = set(families or ()) - set(FAMILIES)
     if unknown:
         raise KeyError(f"no rule family {', '.join(sorted(unknown))}")
     chosen = [f for f in order if families is None or f in families]
-    base = _BASE.take()
+    base = _BASE.take() if shared else None
     eg = base or EGraph()
     mirror = Mirror()
     sat = Saturation(eg, None, mirror, schedule=tuple(chosen))

@@ -42,18 +42,22 @@ class Validation:
 
     def disagreement(self, term: Term) -> str:
         """Why `term` (the extracted root) is not the spec's value, or "" when they agree or the reference
-        cannot evaluate it."""
+        cannot evaluate the spec. A term the reference cannot evaluate where it evaluates the spec is not the
+        spec's value either (a mask's test merged with a loaded value, say: it gains the load's axes)."""
         got = term.args if term.op == "pack" else (term,)
-        try:
-            for ev, wants in self.draws:
-                for (name, axes, _), want, have in zip(self.outputs, wants, got):
+        for ev, wants in self.draws:
+            for (name, axes, _), want, have in zip(self.outputs, wants, got):
+                try:
                     b = output_value(ev, have, axes)
-                    if not torch.allclose(want, b, **CLOSE):
-                        at = tuple(int(x) for x in (~torch.isclose(want, b, **CLOSE)).nonzero()[0])
-                        return (f"its {name} differs from the spec's at {dict(zip(axes, at))} ({b[at].item():.6g} "
-                                f"against {want[at].item():.6g}, float64, sizes {self.sizes})")
-        except Exception:
-            return ""
+                    same = b.shape == want.shape and torch.allclose(want, b, **CLOSE)
+                except Exception as e:   # noqa: BLE001 - any failure to evaluate it is a verdict against it
+                    return f"its {name} cannot be evaluated as the spec's is ({type(e).__name__}: {str(e)[:120]})"
+                if not same:
+                    if b.shape != want.shape:
+                        return f"its {name} has shape {tuple(b.shape)}, the spec's {tuple(want.shape)}"
+                    at = tuple(int(x) for x in (~torch.isclose(want, b, **CLOSE)).nonzero()[0])
+                    return (f"its {name} differs from the spec's at {dict(zip(axes, at))} ({b[at].item():.6g} "
+                            f"against {want[at].item():.6g}, float64, sizes {self.sizes})")
         return ""
 
 
