@@ -172,6 +172,12 @@ def _saturated_candidates(spec: Spec, sizes: dict, device: Device, measured, lim
         sat.release()
 
 
+def _unrewritten(sat, cands, spec: Spec) -> bool:
+    """Is the best plan the spec's term as written, from a saturation stopped while rules still fired (not
+    saturated)? A small spec saturates with nothing better; a large one that ends as written is suspect."""
+    return bool(cands) and cands[0].term == spec.root_term and sat.stop != "saturated"
+
+
 def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, device: Device | None = None,
              limits: Limits | None = None, spec_file: str | None = None, out_file: str | None = None,
              plan: str | None = None, dtype: str | None = None) -> Result:
@@ -188,13 +194,16 @@ def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, devic
     measured = measured_plans(spec.name, sizes, device.name)
     sat, cands = _saturated_candidates(spec, sizes, device, measured, limits)
     for attempt in range(2, SATURATIONS + 1):
-        if not sat.malformed:
+        if not (sat.malformed or _unrewritten(sat, cands, spec)):
             break
-        # an extraction that did not read as the spec's term: saturate again, in a fresh e-graph (one in ten
-        # to twenty compiles of a gradient kernel met it, and a few of those met it twice in a row)
-        again, cands = _saturated_candidates(spec, sizes, device, measured, limits, shared=False)
+        # an extraction that did not read as the spec's term, or the spec as written after rules kept firing:
+        # saturate again, in a fresh e-graph (one in ten to twenty compiles of a gradient kernel met the first,
+        # a few of those twice in a row; one in twenty or thirty the second, a union the e-graph missed)
+        again, more = _saturated_candidates(spec, sizes, device, measured, limits, shared=False)
+        if not sat.malformed and (not more or more[0].seconds >= cands[0].seconds):
+            break   # nothing better again: the spec as written is the plan
         again.rejected[:0] = [f"(saturation {attempt - 1}) {r}" for r in sat.rejected]
-        sat = again
+        sat, cands = again, more
     if not cands:
         why = "; ".join(sat.rejected) or "every form left in the e-graph is banned in every plan family"
         result = _as_stages(spec, sizes, device, limits)

@@ -336,3 +336,37 @@ def test_a_row_scale_written_around_the_difference_still_fuses(tmp_path, written
     result = compiled(str(path))[0]
     assert result.chosen.sched.passes == 1, result.explain()
     assert_close(str(path), {"R": 5, "N": 77}, seed=4)
+
+
+def test_a_plan_left_as_written_while_rules_fired_is_saturated_again(monkeypatch):
+    """An e-graph that missed a union ends with the spec as written as its cheapest plan, though its rules kept
+    firing (seen in one in twenty to thirty compiles of a gradient kernel: exp, not exp2): the compiler
+    saturates again in a fresh e-graph and keeps the cheaper plan. A spec the rules cannot improve keeps its
+    own term after one more saturation."""
+    import neptune_eqsat.compiler as compiler
+    from neptune_eqsat.plan import extract
+    from neptune_eqsat.plan.cost import plan_cost
+    real = extract.candidates
+    calls = []
+
+    def as_written_first(sat, spec, *args):
+        calls.append(1)
+        out = real(sat, spec, *args)
+        if len(calls) == 1:   # the first saturation's plans: only the spec as written, from a saturation cut short
+            sat.stop = "plan stable"
+            sched = extract.schedule(spec, spec.root_term)
+            return [extract.Candidate("unfused", spec.root_term, sched, plan_cost(sched, *args[:2]))]
+        return out
+    monkeypatch.setattr(compiler, "candidates", as_written_first)
+    result = optimize(str(SPECS / "softmax.py"))
+    assert len(calls) == 2 and result.chosen.family == "rolled" and result.chosen.term != result.spec.root_term
+    calls.clear()
+
+    def as_written_always(sat, spec, *args):
+        calls.append(1)
+        sat.stop = "plan stable"
+        sched = extract.schedule(spec, spec.root_term)
+        return [extract.Candidate("unfused", spec.root_term, sched, plan_cost(sched, *args[:2]))]
+    monkeypatch.setattr(compiler, "candidates", as_written_always)
+    result = optimize(str(SPECS / "softmax.py"))
+    assert len(calls) == 2 and result.chosen.term == result.spec.root_term
