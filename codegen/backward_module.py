@@ -48,13 +48,12 @@ def module_source(spec: Spec, forward_source: str, backward: Backward, sources: 
     lines.insert(lines.index("def backward(*inputs, out, grad_out, saved=()):"), _stage_table(backward))
     lines.append("    for name in _stages_to_run(t):   # those the gradient kernels need that are not at hand")
     lines.append("        t[name] = _run(name, t, STAGES[name])")
-    inputs_read = [p.input for kernel in backward.kernels for p in kernel.parts]
     for kernel in backward.kernels:
         lines.append(f"    gs = _run({kernel.spec.name!r}, t, {reads(kernel.spec)})")
         if len(kernel.parts) == 1:
             lines.append("    gs = (gs,)")
         for k, part in enumerate(kernel.parts):
-            lines += _part_lines(spec, part, k, inputs_read.count(part.input) == 1)
+            lines += _part_lines(spec, part, k)
     lines += ["    return tuple(grads[n].to(t[n].dtype) if n in grads else torch.zeros_like(t[n]) for n in WRT)", ""]
     return "\n".join(lines)
 
@@ -91,16 +90,16 @@ HELPERS = INDEX_HELPERS + "\n\n\n" + textwrap.dedent('''
     ''').strip()
 
 
-def _part_lines(spec: Spec, part: GradPart, k: int, only: bool) -> list[str]:
-    """The host's part of one gradient: output k of its kernel summed, regrouped or scattered into grads.
-    `only`: the input's one part, so a regrouped sum is its whole gradient (no fp32 buffer to add it into: a
-    sum rounds once from its fp32 accumulator, as the buffer's cast would)."""
+def _part_lines(spec: Spec, part: GradPart, k: int) -> list[str]:
+    """The host's part of one gradient: output k of its kernel summed, regrouped or scattered into grads. The
+    regrouped sum of an input's only part is its whole gradient (no fp32 buffer to add it into: a sum rounds
+    once from its fp32 accumulator, as the buffer's cast would)."""
     name = part.spec.output_name
     present = part.spec.output_axes[:len(part.spec.output_axes) - len(part.host_sum)]
     lines = [f"    g = gs[{k}]   # {name}"]
     if part.as_is:   # the input's whole gradient, in its dtype
         return lines + [f"    grads[{part.input!r}] = g"]
-    direct = only and part.groups is not None
+    direct = part.sole and part.groups is not None
     if not direct:
         lines += [f"    if {part.input!r} not in grads:",
                   f"        grads[{part.input!r}] = torch.zeros(t[{part.input!r}].shape, dtype=torch.float32, "

@@ -188,9 +188,9 @@ def _waits(w: GradientWriter, lines: list[str], blk: str) -> list[str]:
         line = lines.pop(0)
         waited = [v for v in pending if re.search(rf"\b{v}\b", line)]
         if waited:
-            early = _narrowed_before([line] + lines, pending)   # (line reads a product: it is not among them)
-            out += early
-            lines = [x for x in lines if x not in early]
+            narrowed = _narrowed_before([line] + lines, pending)   # (line reads a product: it is not among them)
+            out += narrowed
+            lines = [x for x in lines if x not in narrowed]
         for var in waited:
             at = pending.index(var)
             out.append(f"{var} = warpgroup_mma_wait(num_outstanding={len(pending) - at - 1}, deps=({var},))")

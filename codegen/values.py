@@ -75,7 +75,7 @@ def rounded_to(t: Term, dtype: str) -> bool:
     """Is t a product whose every factor is a cast to `dtype` (under a mask selecting it or a zero)?"""
     if t.op == "bin" and t.attrs[0] == "mul":
         return all(rounded_to(a, dtype) for a in t.args)
-    if t.op == "where" and t.args[2].op == "const" and t.args[2].attrs[0] == 0.0:
+    if t.op == "where" and t.args[2] == ir.const(0.0):
         return rounded_to(t.args[1], dtype)
     return t.op == "cast" and t.attrs[0] == dtype
 

@@ -79,7 +79,6 @@ class CompiledBackward:
             tensors[stage.name] = run_spec(stage.spec, tensors)
         sizes = bind_sizes(spec, inputs)
         result: dict[str, torch.Tensor] = {}
-        inputs_read = [p.input for kernel in bw.kernels for p in kernel.parts]
         for kernel in bw.kernels:
             gs = run_spec(kernel.spec, tensors)
             for part, g in zip(kernel.parts, gs if len(kernel.parts) > 1 else (gs,)):
@@ -87,7 +86,7 @@ class CompiledBackward:
                 if part.as_is:
                     result[part.input] = g   # the input's only part, in its dtype (autodiff._in_input_dtype)
                     continue
-                if part.groups is not None and inputs_read.count(part.input) == 1:
+                if part.sole and part.groups is not None:
                     # its whole gradient: a sum over groups rounds once from its fp32 accumulator, as a
                     # buffer's cast would, without the buffer
                     result[part.input] = _summed(part, g).expand(x.shape).contiguous()

@@ -50,6 +50,7 @@ class GradPart:
     host_sum: tuple[str, ...] = ()
     loop: str | None = None        # the axis its kernel's loop reduces over
     as_is: bool = False            # the input's whole gradient, in its dtype: the host takes the output as it is
+    sole: bool = False             # the input's only part: what the host makes of it is the input's gradient
 
     @property
     def groups(self) -> tuple[tuple[int, int], ...] | None:
@@ -179,8 +180,8 @@ def differentiate(spec: Spec, wrt: tuple[str, ...] | None = None, accumulate: bo
         for a in _by_axes(contributions):
             a = stager.replace(ir.substitute(a, saved))
             bw.parts.append(_grad_part(spec, load, a, extra, len(bw.parts), reduced, stager.out_of_loop))
-    bw.parts = [_in_input_dtype(spec, p) if [q.input for q in bw.parts].count(p.input) == 1 else p
-                for p in bw.parts]
+    bw.parts = [_in_input_dtype(spec, replace(p, sole=True)) if [q.input for q in bw.parts].count(p.input) == 1
+                else p for p in bw.parts]
     groups = _sharing_loops(spec, bw.parts)
     if accumulate:
         groups = _accumulated(spec, groups)

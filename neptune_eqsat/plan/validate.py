@@ -49,12 +49,11 @@ class Validation:
             for (name, axes, _), want, have in zip(self.outputs, wants, got):
                 try:
                     b = output_value(ev, have, axes)
-                    same = b.shape == want.shape and torch.allclose(want, b, **CLOSE)
                 except Exception as e:   # noqa: BLE001 - any failure to evaluate it is a verdict against it
                     return f"its {name} cannot be evaluated as the spec's is ({type(e).__name__}: {str(e)[:120]})"
-                if not same:
-                    if b.shape != want.shape:
-                        return f"its {name} has shape {tuple(b.shape)}, the spec's {tuple(want.shape)}"
+                if b.shape != want.shape:
+                    return f"its {name} has shape {tuple(b.shape)}, the spec's {tuple(want.shape)}"
+                if not torch.allclose(want, b, **CLOSE):
                     at = tuple(int(x) for x in (~torch.isclose(want, b, **CLOSE)).nonzero()[0])
                     return (f"its {name} differs from the spec's at {dict(zip(axes, at))} ({b[at].item():.6g} "
                             f"against {want[at].item():.6g}, float64, sizes {self.sizes})")
