@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -50,41 +51,29 @@ def test_the_triton_kernel_runs_beside_it_and_ignores_its_tunables():
 
 
 GLUON_PTX = r'''
-import importlib.util, re, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon._runtime import GluonASTSource
+import importlib.util, sys
+sys.path.insert(0, TESTS_DIR)
+from hopper_compile import compile_for_hopper
 for path in sys.argv[1:]:
     spec = importlib.util.spec_from_file_location("generated", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    kernel = getattr(mod, mod.NAME + "_gluon_kernel")
     cfg = mod.CONFIG
     values = {"BLOCK_I": 128, "BLOCK_J": cfg["WS_BLOCK_J"], "STAGES": cfg["WS_STAGES"], "ORDER": 2}
-    signature, constants = {}, {}
-    for p in kernel.params:
-        if p.is_constexpr:
-            signature[p.name], constants[p.name] = "constexpr", values[p.name]
-        elif "_desc" in p.name:
-            tensor = p.name.split("_desc")[0]
-            dims = mod.INPUTS[tensor][1] if tensor in mod.INPUTS else mod.INPUTS["q"][1]
-            rows = 64 if tensor == "out" else values["BLOCK_I"] if tensor == "q" else values["BLOCK_J"]
-            block = [1] * (len(dims) - 2) + [rows, dims[-1]]
-            layout = gl.NVMMASharedLayout.get_default_for(block, gl.float16)
-            signature[p.name] = f"tensordesc<fp16[{', '.join(map(str, block))}],{layout!r}>"
-        elif p.name.endswith("_ptr"):
-            # an input's dtype, or a block table's int32 lists
-            signature[p.name] = {"float32": "*fp32", "float16": "*fp16", None: "*i32"}[
-                mod.INPUTS.get(p.name[:-4], (None,))[0]]
-        else:
-            signature[p.name] = "i32"
-    compiled = triton.compile(GluonASTSource(kernel, signature, constexprs=constants),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 168})
-    ptx = compiled.asm["ptx"]
-    regs = sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)))
+
+    def descriptor(name):
+        if "_desc" not in name:
+            return None
+        tensor = name.split("_desc")[0]
+        dims = mod.INPUTS[tensor][1] if tensor in mod.INPUTS else mod.INPUTS["q"][1]
+        rows = 64 if tensor == "out" else values["BLOCK_I"] if tensor == "q" else values["BLOCK_J"]
+        return "fp16", [1] * (len(dims) - 2) + [rows, dims[-1]]
+
+    def pointer(name):   # an input's dtype, or a block table's int32 lists
+        return {"float32": "*fp32", "float16": "*fp16", None: "*i32"}[mod.INPUTS.get(name[:-4], (None,))[0]]
+    compiled, ptx, regs = compile_for_hopper(getattr(mod, mod.NAME + "_gluon_kernel"), values, descriptor, pointer)
     print(mod.NAME, compiled.metadata.num_warps, compiled.metadata.shared, ptx.count("wgmma.mma_async"), regs)
-'''
+'''.replace("TESTS_DIR", repr(str(Path(__file__).resolve().parent)))
 
 
 def test_the_gluon_kernels_compile_for_hopper_as_three_partitions(tmp_path):

@@ -8,6 +8,7 @@ import math
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -91,37 +92,19 @@ def test_other_gradient_kernels_say_why_they_have_none(spec, accumulate, reason)
 
 
 HOPPER_PTX = r'''
-import importlib.util, json, re, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon._runtime import GluonASTSource
+import importlib.util, json, sys
+sys.path.insert(0, TESTS_DIR)
+from hopper_compile import compile_for_hopper
 path, blocks = sys.argv[1], json.loads(sys.argv[2])
 spec = importlib.util.spec_from_file_location("generated", path)
 mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
-kernel = getattr(mod, mod.NAME + "_gluon_kernel")
 values = {"BLOCK_J": 128, "BLOCK_I": 64, "STAGES": 2, "ORDER": 1, "EVEN": 1}
-signature, constants = {}, {}
-for p in kernel.params:
-    if p.is_constexpr:
-        signature[p.name], constants[p.name] = "constexpr", values[p.name]
-    elif p.name in blocks:
-        dtype, block = blocks[p.name]
-        layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, {"fp16": "float16", "bf16": "bfloat16",
-                                                                          "fp32": "float32"}[dtype]))
-        signature[p.name] = f"tensordesc<{dtype}[{', '.join(map(str, block))}],{layout!r}>"
-    elif p.name.endswith("_ptr"):
-        signature[p.name] = "*fp32"
-    else:
-        signature[p.name] = "i32"
-compiled = triton.compile(GluonASTSource(kernel, signature, constexprs=constants),
-                          target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 168})
-ptx = compiled.asm["ptx"]
-regs = sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)))
+compiled, ptx, regs = compile_for_hopper(getattr(mod, mod.NAME + "_gluon_kernel"), values, blocks.get,
+                                         lambda name: "*fp32")
 print(json.dumps([compiled.metadata.num_warps, ptx.count("wgmma.mma_async") > 0,
                   ptx.count("cp.reduce.async.bulk.tensor"), regs]))
-'''
+'''.replace("TESTS_DIR", repr(str(Path(__file__).resolve().parent)))
 
 
 @pytest.mark.parametrize("name, dtype", [("global_pf", "f16"), ("causal_pf", "bf16")])
