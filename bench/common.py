@@ -53,10 +53,18 @@ load = load_module
 
 
 def import_package():
-    """neptune_eqsat from this checkout (also when the package is not installed)."""
+    """neptune_eqsat from this checkout (also when the package is not installed: its subpackages rules/ and
+    codegen/ then sit beside it, where pyproject.toml maps them from)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     import neptune_eqsat
+    for sub in ("rules", "codegen"):
+        name = f"neptune_eqsat.{sub}"
+        if name not in sys.modules and importlib.util.find_spec(name) is None:
+            spec = importlib.util.spec_from_file_location(name, ROOT / sub / "__init__.py",
+                                                          submodule_search_locations=[str(ROOT / sub)])
+            module = sys.modules[name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
     return neptune_eqsat
 
 

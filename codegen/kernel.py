@@ -21,7 +21,7 @@ from neptune_eqsat.frontend.spec import SpecError
 from . import masks
 from .loads import Loads
 from .tiles import TileReductions
-from .values import BIT_OPS, OP_CODE, Context, Val, dtype_code, nonnegative, pow2
+from .values import BIT_OPS, OP_CODE, Context, Val, dtype_code, nonnegative, packed_cast, pow2
 
 def jit_decorator(module: str, sizes: list[str]) -> str:
     """@triton.jit (or @gluon.jit) that compiles one kernel for every value of `sizes`: Triton would otherwise
@@ -67,6 +67,7 @@ class KernelWriter(Loads, TileReductions):
         self.one_loop = False              # does a pass split its range into masked and full blocks (ONE_LOOP)
         self.tma_reduce = False            # does a block add into an output through a descriptor (TMA_REDUCE)
         self.tables: dict[Term, object] = {}   # classified mask predicate -> its BlockTable (blocks.py)
+        self.packable: dict[str, tuple[str, str]] = {}   # a tile rounded to 16 bits -> its block, its packed line
         self.dims = sorted({t.attrs[0] for t in ir.walk(sched.term) if t.op == "dim"} |
                            {e.name for e in self._extents() if not isinstance(e, int)})
 
@@ -131,7 +132,15 @@ class KernelWriter(Loads, TileReductions):
         return Val(f"({v.code} * 1.0)", v.axes, "f32") if v.dtype in ("int", "bool") else v
 
     def as_float(self, v: Val) -> Val:
-        return Val(f"{v.code}.to({self.lang}.float32)", v.axes, "f32") if v.dtype in ("f16", "bf16") else v
+        """v in fp32; a tile rounded to 16 bits here and read again in fp32 is rounded by the packed conversion
+        (values.PACKED)."""
+        if v.dtype not in ("f16", "bf16"):
+            return v
+        if v.code in self.packable:
+            blk, packed = self.packable.pop(v.code)
+            lines = self.blocks[blk]
+            lines[next(k for k, x in enumerate(lines) if x.startswith(f"{v.code} = "))] = packed
+        return Val(f"{v.code}.to({self.lang}.float32)", v.axes, "f32")
 
     def emit(self, t: Term, prev: bool = False) -> Val:
         where_ = self.home(t)
@@ -179,7 +188,11 @@ class KernelWriter(Loads, TileReductions):
                 # makes no bf16 constant
                 code = f"{self.lang}.full([], {x.code}, {self.lang}.float32).to({dtype_code(self.lang, at[0])})"
                 return Val(self.put(blk, code), (), at[0])
-            return Val(self.put(blk, f"{x.code}.to({dtype_code(self.lang, at[0])})"), x.axes, at[0])
+            var = self.put(blk, f"{x.code}.to({dtype_code(self.lang, at[0])})")
+            packed = packed_cast(self.lang, x.code, x.dtype, x.axes, at[0])
+            if packed:   # (as_float packs it once it is read again in fp32)
+                self.packable[var] = (blk, f"{var} = {packed}")
+            return Val(var, x.axes, at[0])
         if op == "un":
             x = self.emit(ar[0], prev)
             integral = ops.UN[at[0]].keeps_integer

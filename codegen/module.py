@@ -14,7 +14,7 @@ from neptune_eqsat.runtime import configs
 from neptune_eqsat.runtime.configs import GLUON_KEYS
 from neptune_eqsat.plan.schedule import Schedule
 
-from . import blocks
+from . import blocks, split_entry
 from .defaults import (COMBINE_CPU, COMBINE_GPU, CONTRACTION_LOOP_BLOCK, GLUON_CONFIG, SPLIT_KEYS,
                        VECTOR_ROWS_CONFIG, default_blocks, quick_config, whole_row_lines)
 from .gluon import WarpSpecialized, lists_suit_gluon, match_warp_specialized, render_warp_specialized
@@ -22,8 +22,8 @@ from .gluon_gradients import GRADIENT_GLUON_CONFIG, GradientKernel, gradient_lau
 from .gluon_writer import CONSUMERS, ROWS, GluonWriter
 from .kernel import KernelWriter, grid_sizes, jit_decorator
 from .index_guards import INDEX_HELPERS, data_guard_lines, guard_lines
+from .values import packed_helpers
 from .triton_kernel import kernel_source, outputs
-from . import split_entry
 
 GLUON_IMPORTS = """from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -312,7 +312,7 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
         [f"    {d} = {derived[d][0]} * {derived[d][1]}" for d in dims_used if d in derived]
     dims = "\n".join(bound + guards)
     data_guards = "".join(x + "\n" for x in data_guard_lines(spec))   # indices read from inputs: before any replay
-    helpers += f"\n{INDEX_HELPERS}\n\n" if data_guards else ""
+    helpers += (f"\n{INDEX_HELPERS}\n\n" if data_guards else "") + packed_helpers(kernels)
     title = (spec.doc.splitlines() or [spec.name])[0]
     return MODULE.format(
         title=title, spec=spec.name, spec_file=spec_file, out_file=out_file,

@@ -29,6 +29,50 @@ def dtype_code(lang: str, dtype: str) -> str:
     return f"{lang}.{DTYPE_NAMES[dtype]}"
 
 
+# An fp32 tile rounded to 16 bits two elements at a time (cvt.rn.f16x2.f32, cvt.rn.bf16x2.f32), for a rounded
+# tile read again in fp32 (a factor of a product the spec rounds, as a gradient's tanh factor). Triton converts
+# such a tile element by element: ptxas makes a lone fp32 -> bf16 conversion an F2F, a quarter-rate
+# instruction, and with either dtype the packed pairs are formed late, after the fp32 values were held. Packed at
+# once, the soft-capped and windowed gradient kernels' spilled stack fell from 400 / 464 bytes to 280 / 200 in
+# bf16, from 328 to 176 bytes (windowed) in fp16 (sm_90). A tile only multiplied or stored in 16 bits keeps
+# Triton's conversion, which packs it already.
+PACKED = {"f16": ("f16x2", "float16"), "bf16": ("bf16x2", "bfloat16")}
+PACKED_SOURCE = {
+    "tl": '''
+@triton.jit
+def _packed_{dtype}_tl(x):
+    if PACKED_CONVERSIONS:
+        return tl.inline_asm_elementwise("cvt.rn.{ptx}.f32 $0, $2, $1;", "=r,r,r", [x], dtype=tl.{name},
+                                         is_pure=True, pack=2)
+    else:   # Triton's interpreter runs no PTX
+        return x.to(tl.{name})
+''',
+    "gl": '''
+@gluon.jit
+def _packed_{dtype}_gl(x):
+    return gl.inline_asm_elementwise("cvt.rn.{ptx}.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.{name},
+                                     is_pure=True, pack=2)
+''',
+}
+
+
+def packed_cast(lang: str, code: str, source: str, axes: tuple, dtype: str) -> str | None:
+    """A 2-d fp32 tile (`code`) rounded to 16-bit `dtype` through PACKED, else None (a smaller tile may hold one
+    element a thread, which the packed conversion cannot take alone)."""
+    if dtype in PACKED and source == "f32" and len(axes) == 2:
+        return f"_packed_{dtype}_{lang}({code})"
+    return None
+
+
+def packed_helpers(kernels: str) -> str:
+    """The PACKED helpers the kernels' source calls, and the flag the Triton ones read."""
+    found = [(dtype, lang) for dtype in PACKED for lang in PACKED_SOURCE if f"_packed_{dtype}_{lang}(" in kernels]
+    src = "".join(PACKED_SOURCE[lang].format(dtype=dtype, ptx=PACKED[dtype][0], name=PACKED[dtype][1])
+                  for dtype, lang in found)
+    flag = "\n\nPACKED_CONVERSIONS = tl.constexpr(not _INTERPRETED)\n" if any(lang == "tl" for _, lang in found) else ""
+    return src + flag
+
+
 def value_dtype(spec_dtype: str) -> str:
     """The dtype of a value read from an input of `spec_dtype`: integers of any width are "int" (read exactly as
     stored, like positions), truth values "bool", floats their own."""

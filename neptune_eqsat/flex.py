@@ -85,13 +85,15 @@ class _Compiled:
         self.module, self.spec = module, spec
         self.checks = bounds.index_checks(spec, spec.output_term)
         self.lengths_checked: set[tuple[int, int, int]] = set()
-        self.backwards: dict[tuple[str, ...], object] = {}
+        self.backwards: dict[tuple, object] = {}   # (inputs, device, deterministic) -> its backward
 
-    def backward(self, wrt: tuple[str, ...]):
-        if wrt not in self.backwards:
-            from neptune_eqsat.training import CompiledBackward   # the compiler's side: only for gradients
-            self.backwards[wrt] = CompiledBackward(self.spec, wrt)
-        return self.backwards[wrt]
+    def backward(self, wrt: tuple[str, ...], device: torch.device):
+        """The backward kernels for the inputs `wrt` on `device` (one pass or two: training.backward_for_device)."""
+        key = (wrt, device, torch.are_deterministic_algorithms_enabled())
+        if key not in self.backwards:
+            from neptune_eqsat.training import backward_for_device   # the compiler's side: only for gradients
+            self.backwards[key] = backward_for_device(self.spec, wrt, device)
+        return self.backwards[key]
 
     def check_indices(self, query, key, captures) -> None:
         if not self.checks:
@@ -169,7 +171,7 @@ def run_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ou
     compiled = _module_for(plan, query, key, value)
     names = tuple(wrt.split(","))
     by_term = dict(zip(saved_terms(compiled.spec), saved)) if saved else {}
-    grads = compiled.backward(names).grads(_named_inputs(query, key, value, captures), out, grad.contiguous(),
+    grads = compiled.backward(names, query.device).grads(_named_inputs(query, key, value, captures), out, grad.contiguous(),
                                            by_term)   # each kernel run by run_kernels
     # a capture the kernels read converted (float64 read as fp32) gets its gradient in its own dtype and place
     return [grads[n].to(device=t.device, dtype=t.dtype) for n, t in zip(names, _wrt_tensors(query, key, value,

@@ -42,8 +42,18 @@ def spec_key(spec: Spec) -> str:
 
 def module_for(spec: Spec, interpret: bool) -> ModuleType:
     """The generated module of `spec`: from memory, else the disk cache, else optimized now (the FlexAttention
-    front end's cache, keyed by the spec itself)."""
-    return compiled_module(spec_key(spec), spec, interpret, spec_file=spec.name)
+    front end's cache, keyed by the spec itself). The key of a spec object is hashed once: a backward runs its
+    specs at every call, where hashing their terms cost 0.15 ms a call (S = 4096 on an H100: 20% of the
+    kernels' time)."""
+    hit = _KEYS.get(id(spec))
+    if hit is None or hit[0] is not spec:
+        if len(_KEYS) > 4096:
+            _KEYS.clear()
+        hit = _KEYS[id(spec)] = (spec, spec_key(spec))
+    return compiled_module(hit[1], spec, interpret, spec_file=spec.name)
+
+
+_KEYS: dict[int, tuple[Spec, str]] = {}   # id of a spec -> the spec (kept, so the id stays its own), its key
 
 
 def run_spec(spec: Spec, tensors: dict[str, torch.Tensor]):
@@ -61,10 +71,19 @@ class CompiledBackward:
     def __init__(self, spec: Spec, wrt: tuple[str, ...] | None = None, accumulate: bool = False):
         self.spec = spec
         self.plan: Backward = differentiate(spec, wrt, accumulate)
+        self._saved_at: dict[tuple, tuple] = {}
 
     def saved_values(self, saved: dict[Term, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The backward's saved stages among the forward's further outputs (keyed by their terms)."""
-        return {name: saved[t] for name, t in self.plan.saved.items() if t in saved}
+        """The backward's saved stages among the forward's further outputs (keyed by their terms). Which of the
+        terms are the plan's is found once per set of term objects: equal terms that are other objects compare
+        node by node (7500 comparisons, 0.35 ms a call of a causal backward)."""
+        terms = tuple(saved)
+        found = self._saved_at.get(tuple(map(id, terms)))
+        if found is None:
+            at = [(name, terms.index(t)) for name, t in self.plan.saved.items() if t in saved]
+            found = self._saved_at[tuple(map(id, terms))] = (terms, at)   # (the terms kept: their ids stay theirs)
+        values = list(saved.values())
+        return {name: values[k] for name, k in found[1]}
 
     def grads(self, inputs: dict[str, torch.Tensor], out: torch.Tensor, grad_out: torch.Tensor,
               saved: dict[Term, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -159,7 +178,7 @@ class _SpecFunction(torch.autograd.Function):
         wrt = tuple(n for n, x, need in zip(names, xs, ctx.needs_input_grad[1:]) if need)
         if not wrt:
             return (None,) * (1 + len(xs))
-        grads = owner.backward_for(wrt).grads(dict(zip(names, xs)), out, grad_out.contiguous(),
+        grads = owner.backward_for(wrt, grad_out.device).grads(dict(zip(names, xs)), out, grad_out.contiguous(),
                                               dict(zip(saved_terms(owner.spec), extras)))
         return (None, *(grads.get(n) for n in names))
 
@@ -199,19 +218,45 @@ def forward_outputs(spec: Spec, inputs: dict[str, torch.Tensor]) -> tuple[torch.
     return out, [tensors[n] for n in bw.saved]
 
 
+def one_pass_suits(device: torch.device) -> bool:
+    """May a backward on `device` add a gradient across programs (one pass, autodiff._accumulated)? On a Hopper
+    GPU while torch is not asked for deterministic algorithms: there the pass adding dQ beside dK and dV is the
+    warp-specialized Gluon kernel, 1.17-2.1x FlexAttention's backward where the two deterministic passes run at
+    0.89-1.5x (H100, bench/results/h100/2026-11-27-bf16-packing-and-grouped-order)."""
+    return (device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+            and not torch.are_deterministic_algorithms_enabled())
+
+
+def backward_for_device(spec: Spec, wrt: tuple[str, ...] | None, device: torch.device) -> CompiledBackward:
+    """The backward a call on `device` takes: where one_pass_suits it, the one pass if every kernel of it that
+    adds across programs has the Gluon kernel (a Triton kernel adding with atomics, as for ALiBi's slope
+    gradient, ran at 0.55x FlexAttention against 0.96x for the two passes); else the two deterministic passes."""
+    if one_pass_suits(device):
+        one = CompiledBackward(spec, wrt, accumulate=True)
+        adding = [k for k in one.plan.kernels if k.adds]
+        if adding and all(module_for(k.spec, False).CONFIG.get("BACKEND") == "gluon" for k in adding):
+            return one
+    return CompiledBackward(spec, wrt)
+
+
 class Differentiable:
     """A spec as a differentiable torch function: `fn(*inputs)` in the spec's input order runs the forward
-    kernel; gradients flow to every floating input that requires them, through the derived backward kernels."""
+    kernel; gradients flow to every floating input that requires them, through the derived backward kernels.
+    `deterministic`: True for the two passes whose sums run in a fixed order, False for one pass adding a
+    gradient across programs, None to choose by the device (backward_for_device)."""
 
-    def __init__(self, spec: Spec, deterministic: bool = True):
+    def __init__(self, spec: Spec, deterministic: bool | None = None):
         self.spec = spec
-        self.deterministic = deterministic   # else gradients may be summed by atomic adds (autodiff._accumulated)
-        self._backwards: dict[tuple[str, ...], CompiledBackward] = {}
+        self.deterministic = deterministic
+        self._backwards: dict[tuple, CompiledBackward] = {}
 
-    def backward_for(self, wrt: tuple[str, ...]) -> CompiledBackward:
-        if wrt not in self._backwards:
-            self._backwards[wrt] = CompiledBackward(self.spec, wrt, accumulate=not self.deterministic)
-        return self._backwards[wrt]
+    def backward_for(self, wrt: tuple[str, ...], device: torch.device) -> CompiledBackward:
+        key = (wrt, None) if self.deterministic is not None else \
+            (wrt, device, torch.are_deterministic_algorithms_enabled())
+        if key not in self._backwards:
+            self._backwards[key] = (backward_for_device(self.spec, wrt, device) if self.deterministic is None else
+                                    CompiledBackward(self.spec, wrt, accumulate=not self.deterministic))
+        return self._backwards[key]
 
     def __call__(self, *xs: torch.Tensor) -> torch.Tensor:
         if len(xs) != len(self.spec.inputs):

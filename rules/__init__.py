@@ -1,40 +1,16 @@
-"""Rewrite rules, one family per module. Each rule carries its proof obligation; only proved rules run."""
-from neptune_eqsat.proof.rulebook import make_ruleset
+"""Rewrite rules, one family per module. Each rule carries its proof obligation; only proved rules run.
 
-from .algebra import RULES as ALGEBRA, algebra
-from .analysis import analysis
-from .reduction import RULES as REDUCTION, reduction
-from .moments import RULES as MOMENTS, SPLIT_RULES as MOMENT_SPLITS
-from .rolling import RULES as ROLLING
-from .scalar import RULES as SCALAR, scalar
-from .splitk import RULES as SPLITK
-from .statistics import RULES as STATISTICS
-from .substitution import RULES as SUBSTITUTION, substitution
+The families' egglog rulesets (rulesets.py) are built when first asked for: a family module alone imports
+without egglog, as the stager's statistics rules do (plan/stages.py), so a machine whose kernel cache another
+filled derives and runs a backward pass without the e-graph.
+"""
+BUILT = ("FAMILIES", "TERM_FAMILIES", "ALL_RULES")
 
-ROLLING = ROLLING + MOMENTS   # the moments' rolling update runs in the rolling family's step
-rolling = make_ruleset("rolling", ROLLING)
-SPLITK = SPLITK + MOMENT_SPLITS
-splitk = make_ruleset("splitk", SPLITK)
-
-FAMILIES = {"algebra": (algebra, ALGEBRA), "reduction": (reduction, REDUCTION),
-            "substitution": (substitution, SUBSTITUTION), "rolling": (rolling, ROLLING), "scalar": (scalar, SCALAR),
-            "splitk": (splitk, SPLITK)}
-# rules applied to terms outside the e-graph (by the stager), proved and checked as the others are
-TERM_FAMILIES = {"statistics": STATISTICS}
-ALL_RULES = ALGEBRA + REDUCTION + SUBSTITUTION + ROLLING + SCALAR + SPLITK + STATISTICS
+__all__ = list(BUILT)
 
 
-def _names_once(rules) -> None:
-    """Each rule name once: egglog refuses a second rule of a name (a panic, at the first compile), and the
-    command line selects rules by name."""
-    seen: dict[str, str] = {}
-    for r in rules:
-        if r.name in seen:
-            raise ValueError(f"rule {r.name!r} is declared twice (families {seen[r.name]} and {r.family}): "
-                             "give the new rule a name of its own, or remove the old one")
-        seen[r.name] = r.family
-
-
-_names_once(ALL_RULES)
-
-__all__ = ["FAMILIES", "TERM_FAMILIES", "ALL_RULES", "analysis"]
+def __getattr__(name: str):
+    if name in BUILT:
+        from . import rulesets
+        return getattr(rulesets, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

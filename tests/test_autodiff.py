@@ -422,3 +422,34 @@ def test_optimize_backward_with_respect_to_some_inputs(tmp_path):
     assert run.exit_code == 0, run.output
     text = out.read_text()
     assert "WRT = ('q', 'k', 'v')" in text and "tma_reduce_add(" in text
+
+
+def test_a_hopper_backward_takes_one_pass_where_the_gluon_kernel_adds(tmp_path, monkeypatch):
+    """Where one pass suits the device, ALiBi's gradients of q, k and v take it (dQ added by the Gluon kernel);
+    with the slopes' gradient, a second output added by Triton's atomics, they take the two passes, as every
+    backward does where one pass does not suit (the CPU)."""
+    from neptune_eqsat import training
+
+    path = tmp_path / "small.py"
+    path.write_text(SMALL_ALIBI_GQA.replace("H, HKV, D = 4, 2, 16", "H, HKV, D = 4, 2, 128"))
+    spec, cpu = load_spec(str(path)), torch.device("cpu")
+
+    def adds(wrt):
+        return any(k.adds for k in training.backward_for_device(spec, wrt, cpu).plan.kernels)
+
+    assert not adds(("q", "k", "v"))
+    monkeypatch.setattr(training, "one_pass_suits", lambda device: True)
+    assert adds(("q", "k", "v")) and not adds(None)
+
+
+def test_one_pass_suits_a_hopper_gpu_unless_deterministic_algorithms_are_asked(monkeypatch):
+    from neptune_eqsat.training import one_pass_suits
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert one_pass_suits(cuda) and not one_pass_suits(torch.device("cpu"))
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    assert not one_pass_suits(cuda)
+    monkeypatch.undo()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert not one_pass_suits(cuda)

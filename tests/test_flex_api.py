@@ -343,7 +343,8 @@ def test_the_cache_fills_without_importing_the_modules(tmp_path, monkeypatch):
 
 def test_a_filled_kernel_cache_runs_without_the_compiler(tmp_path):
     """A machine whose module cache another filled (the GPU side) runs flex_attention with torch and triton alone:
-    with egglog made unimportable, a call whose module is cached still runs and gives the same output."""
+    with egglog made unimportable, a call whose modules are cached still runs, forward and backward (deriving
+    the backward reads the rule modules, not the e-graph), and gives the same output and gradients."""
     import os
     import subprocess
     import sys
@@ -354,15 +355,17 @@ if block:
     sys.modules["egglog"] = None   # import egglog fails
 from neptune_eqsat import flex_attention
 g = torch.Generator().manual_seed(0)
-q, k, v = (torch.randn(1, 2, 5, 16, generator=g).half() for _ in range(3))
+q, k, v = (torch.randn(1, 2, 5, 16, generator=g).half().requires_grad_() for _ in range(3))
 out = flex_attention(q, k, v, score_mod=lambda s, b, h, qi, ki: s * 0.5, mask_mod=lambda b, h, qi, ki: ki <= qi)
-torch.save(out, sys.argv[1])
+out.backward(torch.randn(out.shape, generator=g).half())
+torch.save((out.detach(), q.grad, k.grad, v.grad), sys.argv[1])
 '''
     env = {**os.environ, "TRITON_INTERPRET": "1", "NEPTUNE_EQSAT_CACHE": str(tmp_path / "cache")}
     for args in ([str(tmp_path / "filled.pt")], [str(tmp_path / "cached.pt"), "egglog"]):
         done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-3000:]
-    assert torch.equal(torch.load(tmp_path / "filled.pt"), torch.load(tmp_path / "cached.pt"))
+    for filled, cached in zip(torch.load(tmp_path / "filled.pt"), torch.load(tmp_path / "cached.pt")):
+        assert torch.equal(filled, cached)
 
 
 def test_a_mask_reading_a_captured_tensor_at_a_constant_index_on_the_test_device():

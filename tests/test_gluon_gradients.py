@@ -8,6 +8,8 @@ import math
 import re
 import subprocess
 import sys
+import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -91,26 +93,85 @@ def test_other_gradient_kernels_say_why_they_have_none(spec, accumulate, reason)
     assert "_gluon_kernel" not in result.source
 
 
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_a_tile_read_again_in_fp32_is_rounded_two_elements_at_a_time(dtype):
+    """Soft-cap's gradient rounds P, D + dP and the tanh factor to 16 bits and multiplies them in fp32: each is
+    rounded by the packed conversion (values.PACKED); dS, only a matrix operand, keeps Triton's conversion, as
+    does the forward's P."""
+    spec = load_spec(str(SPECS / "softcap_pf.py")).retyped(dtype)
+    name = {"f16": "float16", "bf16": "bfloat16"}[dtype]
+    source = gradient_kernel(spec).source
+    for lang in ("tl", "gl"):
+        packed = re.findall(rf"(t\d+) = _packed_{dtype}_{lang}\(t\d+\)", source)
+        plain = re.findall(rf"(t\d+) = t\d+\.to\({lang}\.{name}\)", source)
+        assert len(set(packed)) >= 3 and plain
+        assert all(f"{v}.to({lang}.float32)" in source for v in packed)
+        assert not any(f"{v}.to({lang}.float32)" in source for v in plain)
+    assert "_packed_" not in optimize(spec).source
+
+
+def program_order(source, row_blocks, grid, group):
+    """(row block, grid index) of each program, in program order, as the generated kernel's head computes them."""
+    head = source[source.index("    first = gl.program_id(0)"):]
+    head = textwrap.dedent(head[:head.index("    h = ")])
+    gl = types.SimpleNamespace(minimum=min, cdiv=lambda a, b: -(-a // b))
+    order = []
+    for pid in range(row_blocks * grid):
+        env = {"gl": types.SimpleNamespace(**vars(gl), program_id=lambda axis, pid=pid: pid), "S": row_blocks * 128,
+               "B": grid // 32, "BLOCK_J": 128, "GROUP": group}
+        exec(head, env)
+        order.append((env["pid_row"], env["pid_grid"]))
+    return order
+
+
+@pytest.mark.parametrize("group", [1, 3, 4, 32])
+def test_programs_take_the_row_blocks_of_a_group_of_grid_indices_longest_first(group):
+    """Every (row block, grid index) once; within a group of GROUP grid indices (the last one smaller where GROUP
+    does not divide the grid) row block after row block, so a causal gradient's longest programs start first;
+    GROUP 1 is one grid index after another."""
+    source = gradient_kernel(load_spec(str(SPECS / "causal_pf.py"))).source
+    order = program_order(source, 32, 64, group)
+    assert sorted(order) == [(r, g) for r in range(32) for g in range(64)]
+    for first in range(0, 64, group):
+        members = min(group, 64 - first)
+        chunk = order[first * 32:(first + members) * 32]
+        assert chunk == [(r, g) for r in range(32) for g in range(first, first + members)]
+
+
+def test_the_group_spans_about_one_wave_of_programs():
+    """GROUP: as many grid indices as one program a multiprocessor covers with their row blocks (132 / 32 row
+    blocks: 4), one where a grid index alone fills a wave, the whole grid for ORDER 2."""
+    from neptune_eqsat.runtime import launch
+    gpu = types.SimpleNamespace(type="cuda")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(launch, "_sm_count", lambda device: 132)
+        assert [launch._group_size(1, rows, 32, gpu) for rows in (32, 64, 128, 512)] == [4, 2, 1, 1]
+        assert launch._group_size(1, 8, 4, gpu) == 4 and launch._group_size(2, 32, 32, gpu) == 32
+
+
 HOPPER_PTX = r'''
-import importlib.util, json, sys
+import importlib.util, json, re, sys
 sys.path.insert(0, TESTS_DIR)
 from hopper_compile import compile_for_hopper
 path, blocks = sys.argv[1], json.loads(sys.argv[2])
 spec = importlib.util.spec_from_file_location("generated", path)
 mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
-values = {"BLOCK_J": 128, "BLOCK_I": 64, "STAGES": 2, "ORDER": 1, "EVEN": 1}
+values = {"BLOCK_J": 128, "BLOCK_I": 64, "STAGES": 2, "EVEN": 1}
 compiled, ptx, regs = compile_for_hopper(getattr(mod, mod.NAME + "_gluon_kernel"), values, blocks.get,
                                          lambda name: "*fp32")
 print(json.dumps([compiled.metadata.num_warps, ptx.count("wgmma.mma_async") > 0,
-                  ptx.count("cp.reduce.async.bulk.tensor"), regs]))
+                  ptx.count("cp.reduce.async.bulk.tensor"), regs,
+                  len(re.findall(r"cvt\.rn\.b?f16\.f32", ptx))]))
 '''.replace("TESTS_DIR", repr(str(Path(__file__).resolve().parent)))
 
 
-@pytest.mark.parametrize("name, dtype", [("global_pf", "f16"), ("causal_pf", "bf16")])
+@pytest.mark.parametrize("name, dtype", [("global_pf", "f16"), ("causal_pf", "bf16"), ("softcap_pf", "bf16")])
 def test_the_gluon_gradient_kernel_compiles_for_hopper(name, dtype, tmp_path):
     """For an H100 (to PTX and through ptxas): 12 warps, the consumers raised to 240 registers and the producer
-    lowered to 24, warpgroup products, and the accumulated output added by the bulk tensor reduce."""
+    lowered to 24, warpgroup products, the accumulated output added by the bulk tensor reduce, and every tile
+    rounded to 16 bits two elements at a time: soft-cap's P, D + dP and tanh factor, each read again in fp32,
+    were rounded one element at a time (192 lone conversions; in bf16 quarter-rate F2F instructions)."""
     result = gradient_kernel(load_spec(str(SPECS / f"{name}.py")).retyped(dtype))
     path = tmp_path / "kernel.py"
     path.write_text(result.source)
@@ -125,8 +186,8 @@ def test_the_gluon_gradient_kernel_compiles_for_hopper(name, dtype, tmp_path):
     run = subprocess.run([sys.executable, str(script), str(path), json.dumps(blocks)], capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    warps, has_wgmma, reduces, regs = json.loads(run.stdout.strip().splitlines()[-1])
-    assert warps == 12 and has_wgmma and reduces >= 1
+    warps, has_wgmma, reduces, regs, lone_conversions = json.loads(run.stdout.strip().splitlines()[-1])
+    assert warps == 12 and has_wgmma and reduces >= 1 and lone_conversions == 0
     assert ["dec", "24"] in regs and ["inc", "240"] in regs
 
 

@@ -27,8 +27,10 @@ ALLOWED = {
 }
 PLAN_TYPES = {"Plan", "Schedule", "Combine", "Partial", "Backward", "GradPart", "Stage"}   # what codegen may take from plan/
 # start-up time, and kernels from a filled cache without the compiler installed (flex_attention imports it for a
-# gradient only): see their docstrings
-LAZY_IMPORTS_ALLOWED = {"neptune_eqsat.cli", "neptune_eqsat", "neptune_eqsat.compiled", "neptune_eqsat.flex"}
+# gradient only; the rules build their e-graph patterns and rulesets, which need egglog, when first asked for, so
+# a backward is derived without it): see their docstrings
+LAZY_IMPORTS_ALLOWED = {"neptune_eqsat.cli", "neptune_eqsat", "neptune_eqsat.compiled", "neptune_eqsat.flex",
+                        "neptune_eqsat.rules", "neptune_eqsat.proof.rulebook"}
 MAX_LINES = 420
 
 

@@ -28,7 +28,8 @@ CHOSEN = {"alibi_dc": "split", "alibi_pf": "rolled", "attention_rmsnorm": "rolle
 
 def fixed_steps(term, extents: dict, steps: int = 12, match_limit: int = 400) -> Saturation:
     """The driver the rounds replaced: every family in one step, for a fixed number of steps."""
-    from neptune_eqsat.rules import FAMILIES, analysis
+    from neptune_eqsat.rules import FAMILIES
+    from neptune_eqsat.rules.analysis import analysis
     eg, mirror = EGraph(), Mirror()
     root = eg.let("root", mirror.to_egg(term))
     eg.register(*mirror.facts, *(set_(extent(a)).to(d) for a, d in extents.items()))

@@ -6,13 +6,17 @@ the plain math.
     python -m bench.suite.backward --seqs 4096,16384 [--dtype bf16]  # on the GPU: table and JSON in --out
     python -m bench.suite.backward --breakdown --ops causal_pf --seqs 16384   # each kernel of ours timed alone
     python -m bench.suite.backward --systems neptune,neptune_before,flex --before DIR   # a change, in one run
+    NEPTUNE_EQSAT_CACHE=bench/flex_cache python -m bench.suite.backward --systems neptune_api,flex   # the API
 
 Each system's backward alone is timed (the forward runs once; torch's systems call autograd.grad on the kept
 graph; neptune's module calls backward(q, k, v, out=, grad_out=, saved=) with the row values its forward_saved
 wrote, as FlexAttention's backward reads the forward's logsumexp). Every system computes the gradients of q, k
 and v: the modules are generated with `--wrt q,k,v`, so ALiBi's slopes are a captured tensor without a gradient,
 as the other systems take them (`optimize --backward` alone also derives the slopes' gradient). Throughput counts 2.5 times the forward's useful FLOPs. Our gradients are checked against float64
-autograd of the plain math on the first group of heads (every query head of KV head 0).
+autograd of the plain math on the first group of heads (every query head of KV head 0). `neptune_api` times
+neptune_eqsat.flex_attention's backward with the backward it chooses on the GPU, `neptune_api_deterministic`
+with torch asked for deterministic algorithms (the two passes); a GPU without the compiler runs them from a
+cache filled by `bench.tools.flex_cache --backward`.
 """
 from __future__ import annotations
 
@@ -29,7 +33,9 @@ from bench.suite.attention import D, OPS, Case, alibi_slopes, attention_math, fl
 
 PREFILL = [name for name, op in OPS.items() if op.mode == "prefill"]
 GENERATED = common.GENERATED / "backward"
-SYSTEMS = ("neptune", "neptune_atomic", "neptune_before", "flex", "sdpa_cudnn", "sdpa_flash", "inductor")
+SYSTEMS = ("neptune", "neptune_atomic", "neptune_before", "neptune_api", "neptune_api_deterministic", "flex",
+           "sdpa_cudnn", "sdpa_flash", "inductor")
+MODULES = ("neptune", "neptune_atomic", "neptune_before")   # the systems that time a generated module
 TOL = {"fp16": 3e-2, "bf16": 1e-1}
 
 
@@ -60,14 +66,36 @@ def grads_of(fn, inputs, grad):
     return lambda: torch.autograd.grad(out, inputs, grad, retain_graph=True)
 
 
+def api_step(op, q, k, v, slopes, grad, deterministic: bool):
+    """neptune_eqsat.flex_attention's backward (its forward run once): the one pass or the two passes it
+    chooses on this GPU, or the two passes where torch is asked for deterministic algorithms."""
+    from bench.suite.attention_systems import api_callables, import_package
+    mod, mask = api_callables(op, slopes, 0)
+    package = import_package()
+    api = package.flex_attention
+    step = grads_of(lambda: api(q, k, v, score_mod=mod, mask_mod=mask, enable_gqa=op.hq != op.hkv), (q, k, v), grad)
+
+    def call():
+        torch.use_deterministic_algorithms(deterministic, warn_only=True)
+        try:
+            return step()
+        finally:
+            torch.use_deterministic_algorithms(False)
+    call()
+    package.wait_for_compiles()   # a first call's quick kernels give way to the tuned ones, compiled meanwhile
+    return call
+
+
 def system_call(name, op, module, q, k, v, slopes, grad):
     import torch.nn.functional as F
     gqa = op.hq != op.hkv
-    if name.startswith("neptune"):
+    if name in MODULES:
         args = (q, k, v, slopes) if op.mod == "alibi" else (q, k, v)
         plain = [t.detach() for t in args]
         out, saved = module.forward_saved(*plain)   # as a training step's forward: the row values too
         return lambda: module.backward(*plain, out=out, grad_out=grad, saved=saved)
+    if name.startswith("neptune_api"):
+        return api_step(op, q, k, v, slopes, grad, name.endswith("deterministic"))
     if name == "flex":
         from torch.nn.attention.flex_attention import flex_attention
         mod, block_mask, _ = flex_args(Case(op, q, k, v, slopes, "cuda"))
@@ -91,14 +119,21 @@ def system_call(name, op, module, q, k, v, slopes, grad):
     raise ValueError(name)
 
 
-def check(op, module, q, k, v, slopes, grad, dtype) -> float:
-    """Largest error of our gradients relative to their scale, against float64 autograd on heads of KV head 0;
-    beyond 4096 keys (where that reference would not fit), dQ of the last 256 query rows of query head 0."""
+def our_gradients(system, op, module, q, k, v, slopes, grad):
+    """The gradients of q, k and v a system of ours computes (a module's backward, or the API's)."""
+    if system in MODULES:
+        args = [t.detach() for t in ((q, k, v, slopes) if op.mod == "alibi" else (q, k, v))]
+        out, saved = module.forward_saved(*args)
+        return module.backward(*args, out=out, grad_out=grad, saved=saved)
+    return api_step(op, q, k, v, slopes, grad, system.endswith("deterministic"))()
+
+
+def check(op, ours, q, k, v, slopes, grad, dtype) -> float:
+    """Largest error of our gradients (`ours`, of q, k, v) relative to their scale, against float64 autograd on
+    heads of KV head 0; beyond 4096 keys (where that reference would not fit), dQ of the last 256 query rows of
+    query head 0."""
     group = op.hq // op.hkv
     hq, hkv = (group, 1) if group > 1 else (2, 2)
-    args = (q, k, v, slopes) if op.mod == "alibi" else (q, k, v)
-    out, saved = module.forward_saved(*[t.detach() for t in args])
-    ours = module.backward(*[t.detach() for t in args], out=out, grad_out=grad, saved=saved)
     S = q.shape[2]
     rows = slice(0, S) if S <= 4096 else slice(S - 256, S)
     hq, hkv, names = (hq, hkv, 3) if S <= 4096 else (1, 1, 1)
@@ -124,8 +159,9 @@ def run(args) -> list[dict]:
     rows = []
     for name in args.ops.split(","):
         op = OPS[name]
-        ours = {system: load_module(module_path(name, args.dtype, system, args.before))
-                for system in args.systems.split(",") if system.startswith("neptune")}
+        systems = args.systems.split(",")
+        ours = {system: load_module(module_path(name, args.dtype, system, args.before)) if system in MODULES else None
+                for system in systems if system.startswith("neptune")}
         for S in (int(s) for s in args.seqs.split(",")):
             g = torch.Generator(device="cuda").manual_seed(0)
             q, k, v = (torch.randn(1, h, S, D, device="cuda", dtype=dt, generator=g).requires_grad_()
@@ -133,8 +169,9 @@ def run(args) -> list[dict]:
             slopes = alibi_slopes(op.hq, "cuda")
             grad = torch.randn(1, op.hq, S, D, device="cuda", dtype=dt, generator=g)
             flops = 2.5 * work(op, 1, S, S)[0]
-            errors = {system: check(op, module, q, k, v, slopes, grad, args.dtype) for system, module in ours.items()}
-            for system in args.systems.split(","):
+            errors = {system: check(op, our_gradients(system, op, module, q, k, v, slopes, grad), q, k, v, slopes,
+                                    grad, args.dtype) for system, module in ours.items()}
+            for system in systems:
                 module = ours.get(system)
                 row = {"op": name, "S": S, "dtype": args.dtype, "system": system}
                 try:
@@ -143,9 +180,9 @@ def run(args) -> list[dict]:
                         continue
                     ms = triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
                     row.update(ms=ms, tflops=flops / ms / 1e9)
-                    if module is not None:
+                    if system in errors:
                         row["max_rel_error"] = errors[system]
-                    if system.startswith("neptune"):
+                    if module is not None:
                         # what a training step's forward costs: the output alone, and with the saved values
                         plain = [t.detach() for t in ((q, k, v, slopes) if op.mod == "alibi" else (q, k, v))]
                         row["forward_ms"] = triton.testing.do_bench(lambda: module.forward(*plain), warmup=20,

@@ -2,9 +2,14 @@
 compiler (egglog), so that a GPU machine with only torch and triton runs `--systems neptune_api` from it.
 
     NEPTUNE_EQSAT_CACHE=bench/flex_cache python -m bench.tools.flex_cache
+    NEPTUNE_EQSAT_CACHE=bench/flex_cache python -m bench.tools.flex_cache --backward [--dtype bf16] [--ops ...]
 
 The cache key does not contain the sequence lengths: prefill and decode each need one kernel per operator.
+--backward fills what a training step of the prefill operators runs (the forward writing the row values, the
+backward's stages and gradient kernels) for both backwards a GPU may take, the one pass and the two passes
+(training.backward_for_device), by running the step under Triton's interpreter on short sequences.
 """
+import argparse
 import os
 import sys
 
@@ -14,10 +19,10 @@ from bench.common import import_package
 from bench.suite.attention import D, OPS, alibi_slopes, api_callables
 
 import_package()   # neptune_eqsat from this checkout
-from neptune_eqsat import compiled, flex  # noqa: E402
+from neptune_eqsat import compiled, flex, training  # noqa: E402
 
 
-def main() -> None:
+def forward_kernels() -> None:
     for op in OPS.values():
         decode = op.mode == "decode"
         q = torch.empty(1, op.hq, 1 if decode else 64, D, dtype=torch.float16)
@@ -28,6 +33,38 @@ def main() -> None:
         spec = flex.trace(mod, mask, problem)[0]
         # the source only: importing it compiled needs a GPU (its Gluon kernels), the machine it is made for
         print(f"{op.name}: {compiled.cached_source(flex.plan_key(spec, problem), spec)}", flush=True)
+
+
+def training_kernels(dtype: torch.dtype, names: list[str], seq: int = 32) -> None:
+    suits = training.one_pass_suits
+    for name in names:
+        op = OPS[name]
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, h, seq, D, dtype=dtype, generator=g).requires_grad_()
+                   for h in (op.hq, op.hkv, op.hkv))
+        mod, mask = api_callables(op, alibi_slopes(op.hq, "cpu"), 0)
+        for one_pass in (True, False):
+            training.one_pass_suits = lambda device, one_pass=one_pass: one_pass
+            for kept in flex._BY_SHAPE.values():   # the backward chosen for the device before
+                kept.backwards.clear()
+            try:
+                out = flex.flex_attention(q, k, v, score_mod=mod, mask_mod=mask, enable_gqa=op.hq != op.hkv)
+                torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+            finally:
+                training.one_pass_suits = suits
+            print(f"{name} {dtype} {'one pass' if one_pass else 'two passes'}: cached", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--backward", action="store_true", help="the prefill operators' training step")
+    p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    p.add_argument("--ops", default=",".join(n for n, op in OPS.items() if op.mode == "prefill"))
+    args = p.parse_args()
+    if args.backward:
+        training_kernels({"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype], args.ops.split(","))
+    else:
+        forward_kernels()
 
 
 if __name__ == "__main__":

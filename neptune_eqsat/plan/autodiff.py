@@ -51,6 +51,7 @@ class GradPart:
     loop: str | None = None        # the axis its kernel's loop reduces over
     as_is: bool = False            # the input's whole gradient, in its dtype: the host takes the output as it is
     sole: bool = False             # the input's only part: what the host makes of it is the input's gradient
+    added: bool = False            # added into by every program of another kernel's loop (`_accumulated`)
 
     @property
     def groups(self) -> tuple[tuple[int, int], ...] | None:
@@ -87,6 +88,11 @@ class GradKernel:
     """One gradient kernel: its spec's outputs are the parts' (in order), each scattered as its part says."""
     spec: Spec
     parts: tuple[GradPart, ...]
+
+    @property
+    def adds(self) -> bool:
+        """Do its programs add an output across the loop (atomic adds: the sum's order varies)?"""
+        return any(p.added for p in self.parts)
 
 
 @dataclass
@@ -244,7 +250,7 @@ def _accumulated(spec: Spec, groups: list[list[GradPart]]) -> list[list[GradPart
         host = next((h for h in out if h is not g and h[0].loop not in (None, g[0].loop)
                      and _accumulable(spec, g, h)), None)
         if host is not None:
-            host += [replace(p, spec=replace(p.spec, output_dtype="f32")) for p in g]
+            host += [replace(p, spec=replace(p.spec, output_dtype="f32"), added=True) for p in g]
             hosts.append(host)
             out = [h for h in out if h is not g]
     return out

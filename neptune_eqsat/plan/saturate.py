@@ -27,7 +27,8 @@ from egglog import EGraph, back_off, run, seq, set_
 
 from neptune_eqsat.ir.eterm import ETerm, Mirror, egraph_size, extent
 from neptune_eqsat.ir import Term
-from neptune_eqsat.rules import FAMILIES, analysis
+from neptune_eqsat.rules import FAMILIES
+from neptune_eqsat.rules.analysis import analysis
 
 # algebra exposes the separable form of reduction bodies; reduction moves what does not vary out of them, so
 # that rolling finds bodies combine(u, x) with x read from finished reductions; rolling's repair terms bring

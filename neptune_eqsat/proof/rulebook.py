@@ -9,21 +9,23 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
 
-from egglog import Ruleset, eq, rule, ruleset, union, var
-
 from neptune_eqsat.ir import ops
-from neptune_eqsat.ir.eterm import ETerm
 from neptune_eqsat.proof import verdicts
 from neptune_eqsat.proof.lazy import sympy as sp
 from neptune_eqsat.proof.symbolic import SymOps, proves
 
 
 class EggOps:
-    """Builds e-graph patterns from rule patterns."""
-    def un(self, fn, a): return ETerm.un(fn, a)
-    def bin(self, fn, a, b): return ETerm.bin(fn, a, b)
-    def cast(self, dtype, a): return ETerm.cast(dtype, a)
-    def const(self, v): return ETerm.const(v)
+    """Builds e-graph patterns from rule patterns (egglog is imported where a ruleset is built: the rules'
+    obligations and term rewrites need only sympy)."""
+    def __init__(self):
+        from neptune_eqsat.ir.eterm import ETerm
+        self.term = ETerm
+
+    def un(self, fn, a): return self.term.un(fn, a)
+    def bin(self, fn, a, b): return self.term.bin(fn, a, b)
+    def cast(self, dtype, a): return self.term.cast(dtype, a)
+    def const(self, v): return self.term.const(v)
 
 
 @dataclass
@@ -141,6 +143,9 @@ def identity(name: str, family: str, meaning: str, lhs: Callable, rhs: Callable,
     letters = list("abcdefgh"[:nvars])
 
     def build() -> list:
+        from egglog import eq, rule, union, var
+
+        from neptune_eqsat.ir.eterm import ETerm
         vs = [var(n, ETerm) for n in letters]
         e = var("matched", ETerm)
         conds = conditions(*vs) if conditions else ()
@@ -156,8 +161,9 @@ def identity(name: str, family: str, meaning: str, lhs: Callable, rhs: Callable,
     return Rule(name, family, meaning, build, obligation, evaluate_both(lhs, rhs), nvars, example)
 
 
-def make_ruleset(name: str, rules: list[Rule], extra: list | None = None) -> Ruleset:
+def make_ruleset(name: str, rules: list[Rule], extra: list | None = None):
     """The egglog ruleset of a family: only the rules whose obligation is proved."""
+    from egglog import ruleset
     rs = ruleset(name=name)
     for r in rules:
         if r.proof[1]:

@@ -40,6 +40,14 @@ def _program_slots(device):
     return _sm_count(device) if device.type == "cuda" else 4
 
 
+def _group_size(order, row_blocks, grid, device):
+    """The grid indices a Gluon gradient kernel's programs take at a time (its GROUP): all of them for ORDER 2,
+    else as many as one wave of programs (one a multiprocessor) covers with their row blocks, at least one."""
+    if order == 2:
+        return grid
+    return max(1, min(grid, round(_program_slots(device) / max(row_blocks, 1))))
+
+
 _chunk_counts = functools.lru_cache(maxsize=4096)(split_count)
 
 
