@@ -33,8 +33,8 @@ def cprof(name="causal_pf"):
     for _ in range(20): call()
     torch.cuda.synchronize()
     pr.disable()
-    pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+    pstats.Stats(pr).sort_stats(sys.argv[3] if len(sys.argv) > 3 else "tottime").print_stats(40)
 
 
 if __name__ == "__main__":
-    cprof(sys.argv[1]) if sys.argv[2:] == ["cprof"] else main()
+    cprof(sys.argv[1]) if sys.argv[2:3] == ["cprof"] else main()
