@@ -44,7 +44,7 @@ def _packed_{dtype}_tl(x):
     if PACKED_CONVERSIONS:
         return tl.inline_asm_elementwise("cvt.rn.{ptx}.f32 $0, $2, $1;", "=r,r,r", [x], dtype=tl.{name},
                                          is_pure=True, pack=2)
-    else:   # Triton's interpreter runs no PTX
+    else:   # Triton's interpreter runs no PTX, a GPU before sm_80 not this
         return x.to(tl.{name})
 ''',
     "gl": '''
@@ -54,6 +54,16 @@ def _packed_{dtype}_gl(x):
                                      is_pure=True, pack=2)
 ''',
 }
+
+
+# The packed conversions are PTX of sm_80 on: Triton kernels, which may run on any GPU, take them where every
+# GPU of the machine is an NVIDIA one of compute capability 8 or more (the Gluon kernels run on Hopper alone).
+PACKED_FLAG = '''
+
+PACKED_CONVERSIONS = tl.constexpr(not _INTERPRETED and torch.cuda.is_available() and torch.version.hip is None
+                                  and all(torch.cuda.get_device_capability(d)[0] >= 8
+                                          for d in range(torch.cuda.device_count())))
+'''
 
 
 def packed_cast(lang: str, code: str, source: str, axes: tuple, dtype: str) -> str | None:
@@ -69,7 +79,7 @@ def packed_helpers(kernels: str) -> str:
     found = [(dtype, lang) for dtype in PACKED for lang in PACKED_SOURCE if f"_packed_{dtype}_{lang}(" in kernels]
     src = "".join(PACKED_SOURCE[lang].format(dtype=dtype, ptx=PACKED[dtype][0], name=PACKED[dtype][1])
                   for dtype, lang in found)
-    flag = "\n\nPACKED_CONVERSIONS = tl.constexpr(not _INTERPRETED)\n" if any(lang == "tl" for _, lang in found) else ""
+    flag = PACKED_FLAG if any(lang == "tl" for _, lang in found) else ""
     return src + flag
 
 

@@ -171,8 +171,9 @@ def run_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ou
     compiled = _module_for(plan, query, key, value)
     names = tuple(wrt.split(","))
     by_term = dict(zip(saved_terms(compiled.spec), saved)) if saved else {}
-    grads = compiled.backward(names, query.device).grads(_named_inputs(query, key, value, captures), out, grad.contiguous(),
-                                           by_term)   # each kernel run by run_kernels
+    backward = compiled.backward(names, query.device)
+    grads = backward.grads(_named_inputs(query, key, value, captures), out, grad.contiguous(),
+                           by_term)   # each kernel run by run_kernels
     # a capture the kernels read converted (float64 read as fp32) gets its gradient in its own dtype and place
     return [grads[n].to(device=t.device, dtype=t.dtype) for n, t in zip(names, _wrt_tensors(query, key, value,
                                                                                             captures, wrt))]

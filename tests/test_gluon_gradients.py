@@ -110,6 +110,22 @@ def test_a_tile_read_again_in_fp32_is_rounded_two_elements_at_a_time(dtype):
     assert "_packed_" not in optimize(spec).source
 
 
+@pytest.mark.parametrize("capability, hip, packed", [((9, 0), None, True), ((8, 0), None, True),
+                                                    ((7, 5), None, False), ((9, 0), "6.2", False)])
+def test_triton_kernels_pack_their_conversions_on_nvidia_gpus_of_sm_80_on(capability, hip, packed):
+    """The packed conversions are PTX of sm_80: a machine with an older GPU, or an AMD one, converts as Triton
+    does."""
+    import triton.language as tl
+
+    from neptune_eqsat.codegen.values import PACKED_FLAG
+    cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 2,
+                                 get_device_capability=lambda device: capability)
+    torch_like = types.SimpleNamespace(cuda=cuda, version=types.SimpleNamespace(hip=hip))
+    scope = {"tl": tl, "_INTERPRETED": False, "torch": torch_like}
+    exec(PACKED_FLAG, scope)
+    assert bool(scope["PACKED_CONVERSIONS"]) is packed
+
+
 def program_order(source, row_blocks, grid, group):
     """(row block, grid index) of each program, in program order, as the generated kernel's head computes them."""
     head = source[source.index("    first = gl.program_id(0)"):]
