@@ -27,6 +27,7 @@ from neptune_eqsat import ir
 from neptune_eqsat.plan.schedule import Schedule
 
 from .gluon_gradient_writer import GradientWriter
+from .gluon_waits import block_with_waits
 from .gluon_writer import GLUON_DTYPE, ROWS, NotEligible, matched_or_why
 from .kernel import grid_sizes, jit_decorator
 from .loops import grid_index_lines, pass_bounds, pass_table
@@ -65,6 +66,8 @@ class GradientKernel:
     out_descs: list            # (descriptor, tensor, block) of the outputs the consumers store
     acc_block: list[str]       # the block of the accumulated output's descriptor (ACC_DESC)
     half: int                  # columns of the accumulated output per consumer
+    added: int                 # the further output the product adds into (ACC_DESC's)
+    vector_params: list[str]   # the pointers and strides of the added outputs of a value per loop row
 
 
 def match_gradients(sched: Schedule, name: str) -> GradientKernel | str:
@@ -76,8 +79,12 @@ def _match(sched: Schedule, name: str) -> GradientKernel:
     spec = sched.spec
     if sched.loop is None or sched.row is None or sched.split or sched.writes_loop or sched.chunked:
         raise NotEligible("not one pass over a loop axis writing row tiles")
-    if sched.passes != 1 or len(sched.accumulated) != 1:
-        raise NotEligible("not one pass adding one output into another kernel's rows")
+    # one added output is a product with an input read along the rows (dQ = dS K); others may be sums over the rows
+    # of a per-element tile, a value per loop row (the gradient of ALiBi's slopes, of a per-head temperature)
+    vectors = [k for k in sched.accumulated if all(a in sched.grid or a == sched.loop for a in spec.also[k].axes)]
+    matrices = [k for k in sched.accumulated if k not in vectors]
+    if sched.passes != 1 or len(matrices) != 1:
+        raise NotEligible("not one pass adding one product into another kernel's rows")
     w = GradientWriter(sched, name)
     row, loop = sched.row, sched.loop
     reds = sched.in_pass(0)
@@ -103,7 +110,7 @@ def _match(sched: Schedule, name: str) -> GradientKernel:
         w.init_state(r, "init0")
     if len(w.cols) != 1:
         raise NotEligible("the states over the loop axis have columns of different extents")
-    k = sched.accumulated[0]
+    k = matrices[0]
     o = spec.also[k]
     term = sched.term.args[k + 1]
     sums = [x for x in ir.walk(term) if ir.is_reduction(x) and x.attrs[1] == row]
@@ -120,6 +127,7 @@ def _match(sched: Schedule, name: str) -> GradientKernel:
                       f"    valid_{loop} = offs_{loop} < {w.ext(loop)}"]
     for r in reds:
         w.update(r)
+    vector_params = [p for v in vectors for p in _added_vector(w, v, blk)]
     found = w.split_product(sums[0].args[0], row)
     if found is None or w.role(found[1])[0] != "row" or found[3].axes != (row, loop):
         raise NotEligible(f"output {o.name}: not a per-element tile times an input read along the rows")
@@ -146,12 +154,35 @@ def _match(sched: Schedule, name: str) -> GradientKernel:
     acc_lines.append(f"tma_reduce_add({ACC_DESC}, [{', '.join(coords)}], acc_smem.index(ME))")
     epilogue, out_descs = _epilogue(w, sched, reds)
     bounds = pass_bounds(w, 0, reds)
-    kernel = GradientKernel(w, name, head, bounds, _waits(w, w.blocks[blk], blk), acc_lines, epilogue, out_descs,
-                            acc_block, half)
+    kernel = GradientKernel(w, name, head, bounds, block_with_waits(w, w.blocks[blk], blk), acc_lines, epilogue,
+                            out_descs, acc_block, half, k, vector_params)
     text = "\n".join(kernel.body + acc_lines + epilogue)
     if re.search(r"<(row|loop):", text):
         raise NotEligible("an input operand is read in arithmetic, not as it is")
     return kernel
+
+
+def _added_vector(w: GradientWriter, k: int, blk: str) -> list[str]:
+    """Block `blk`'s lines adding its share of further output k, a sum over the rows of a per-element tile (a
+    value per loop row): each consumer sums its rows (those past the end as 0) and adds the values atomically.
+    Returns the output's pointer and stride parameters."""
+    sched, row, loop = w.s, w.s.row, w.s.loop
+    o, term = sched.spec.also[k], sched.term.args[k + 1]
+    sums = [x for x in ir.walk(term) if ir.is_reduction(x) and x.attrs[1] == row]
+    if len(sums) != 1 or sums[0].op != "red" or sums[0].attrs[0] != "sum" or o.dtype != "f32":
+        raise NotEligible(f"output {o.name}: not an fp32 sum over the rows")
+    x = w.as_float(w.emit(sums[0].args[0]))
+    if x.axes != (row, loop):
+        raise NotEligible(f"output {o.name}: not a sum of a [{row}, {loop}] tile")
+    part = w.put(blk, f"gl.sum(gl.where(valid_{row}[:, None], {x.code}, 0.0), axis=0)")
+    w.cache[(blk, sums[0], False, None)] = Val(part, (loop,), "f32")
+    value = w.emit(term)
+    if value.axes != (loop,) or any(x.op == "load" for x in ir.walk(term) if x not in ir.walk(sums[0])):
+        raise NotEligible(f"output {o.name} reads more than its sum over the rows")
+    ptr = f"out{k + 1}"
+    offsets = " + ".join(f"{'offs_' + a if a == loop else a} * {ptr}_s{n}" for n, a in enumerate(o.axes))
+    w.blocks[blk].append(f"gl.atomic_add({ptr}_ptr + {offsets}, {value.code}, mask=valid_{loop}, sem='relaxed')")
+    return [f"{ptr}_ptr"] + [f"{ptr}_s{n}" for n in range(len(o.axes))]
 
 
 def _accumulated_tile(w: GradientWriter, tile: Val, param: str) -> list[str]:
@@ -170,73 +201,6 @@ def _accumulated_tile(w: GradientWriter, tile: Val, param: str) -> list[str]:
             f"{states}, acc_part = warpgroup_mma_wait(num_outstanding=0, deps=({states}, acc_part))",
             "mbarrier.arrive(empty.index(stage), count=1)",
             "tma.store_wait(pendings=0)   # the last block's share has left acc_smem"]
-
-
-def _waits(w: GradientWriter, lines: list[str], blk: str) -> list[str]:
-    """A block's lines with its products issued first and each waited for before its first use (products
-    complete in the order issued)."""
-    issued = w.block_products.get(blk, [])
-    pending = [var for var, _, _ in issued]
-    out = [f"{var} = warpgroup_mma({w.row_tile(rp)}, {w.loop_tile(lp)}.permute((1, 0)), zeros_s, use_acc=False, "
-           "is_async=True)" for var, rp, lp in issued]
-    # loads that read nothing computed in the block go out while the products run (a load issued after a wait
-    # leaves the tensor cores idle for its latency)
-    loop = w.s.loop
-    made = {m.group(1) for m in (re.match(r"(\w+) = ", x) for x in lines) if m} - {f"offs_{loop}", f"valid_{loop}"}
-    early = [x for x in lines if " = gl.load(" in x and not made & (set(re.findall(r"\b\w+\b", x.split(" = ", 1)[1])))]
-    lines = [x for x in lines if x not in early]
-    offsets = (f"offs_{loop} ", f"valid_{loop} ", "if EVEN:", "else:", f"    valid_{loop} ")
-    at = next(k for k, x in enumerate(lines) if not x.startswith(offsets))
-    lines = lines[:at] + early + lines[at:]
-    while lines:
-        line = lines.pop(0)
-        waited = [v for v in pending if re.search(rf"\b{v}\b", line)]
-        if waited:
-            narrowed = _narrowed_before([line] + lines, pending)   # (line reads a product: it is not among them)
-            out += narrowed
-            lines = [x for x in lines if x not in narrowed]
-        for var in waited:
-            at = pending.index(var)
-            out.append(f"{var} = warpgroup_mma_wait(num_outstanding={len(pending) - at - 1}, deps=({var},))")
-            del pending[:at + 1]
-        out.append(line)
-        m = re.match(r"(\w+) = warpgroup_mma\(", line)
-        if m:
-            pending.append(m.group(1))
-    return out
-
-
-_NARROWING = re.compile(r"(t\d+) = (\w+\.to\(gl\.(float16|bfloat16)\)|_packed_b?f16_gl\(\w+\))$")
-
-
-def _narrowed_before(lines: list[str], pending: list[str]) -> list[str]:
-    """The lines of the 16-bit tiles among `lines` that read no product in flight, with the lines they need:
-    computed before a wait rather than after it, so a tile waits in 16 bits and the fp32 values it came from
-    are not held across the wait (a soft-cap's derivative factor from its tanh, beside dS)."""
-    defs = {m.group(1): k for k, m in enumerate(re.match(r"(t\d+) = ", x) for x in lines) if m}
-    needs: dict[int, set[int] | None] = {}
-
-    def chain(k: int) -> set[int] | None:   # the lines line k needs, or None where one reads a product in flight
-        if k not in needs:
-            rhs = lines[k].split(" = ", 1)[1]
-            names = set(re.findall(r"\b\w+\b", rhs))
-            if names & set(pending) or not re.match(r"t\d+ = ", lines[k]):
-                needs[k] = None
-            else:
-                found = {k}
-                for d in (defs[n] for n in names if n in defs):
-                    sub = chain(d)
-                    if sub is None:
-                        found = None
-                        break
-                    found |= sub
-                needs[k] = found
-        return needs[k]
-    picked: set[int] = set()
-    for k, x in enumerate(lines):
-        if _NARROWING.match(x) and chain(k) is not None:
-            picked |= chain(k)
-    return [lines[k] for k in sorted(picked)]
 
 
 def _epilogue(w: GradientWriter, sched: Schedule, reds) -> tuple[list[str], list[tuple[str, str, list[str]]]]:
@@ -288,7 +252,8 @@ def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
     pointers = []
     for n in w.pointer_inputs:
         pointers += [f"{n}_ptr"] + [f"{n}_s{k}" for k in range(len(w.spec.inputs[n].shape))]
-    params = row_ops + loop_ops + [ACC_DESC] + [d for d, _, _ in m.out_descs] + pointers + w.dims + ["GROUP"]
+    params = row_ops + loop_ops + [ACC_DESC] + [d for d, _, _ in m.out_descs] + pointers + m.vector_params + \
+        w.dims + ["GROUP"]
     shared = [f"{p}_smem" for p in row_ops + loop_ops] + ["tile_smem", "acc_smem", "row_bar", "ready", "empty",
                                                            "tile_bar", "done_bar"]
     consts = [rb, lb, "STAGES", "EVEN"]
@@ -376,7 +341,7 @@ def gradient_launch(w: GradientWriter, m: GradientKernel, sched: Schedule, call_
     sizes = {w.block(sched.row): str(ROW_BLOCK), w.block(sched.loop): str(LOOP_BLOCK)}
     lines = ["    gluon_descs = (None,)",
              "    if cfg.get('BACKEND') == 'gluon' and device.type == 'cuda' and _hopper(device):"]
-    k = sched.accumulated[0]
+    k = m.added
     for param, tensor, shape in list(w.descriptors.values()) + [(ACC_DESC, f"out{k + 1}", m.acc_block)] + \
             m.out_descs:
         lines.append(f"        {param} = _gluon_descriptor({tensor}, [{', '.join(sizes.get(b, b) for b in shape)}])")

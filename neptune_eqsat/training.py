@@ -229,12 +229,15 @@ def one_pass_suits(device: torch.device) -> bool:
 
 def backward_for_device(spec: Spec, wrt: tuple[str, ...] | None, device: torch.device) -> CompiledBackward:
     """The backward a call on `device` takes: where one_pass_suits it, the one pass if every kernel of it that
-    adds across programs has the Gluon kernel (a Triton kernel adding with atomics, as for ALiBi's slope
-    gradient, ran at 0.55x FlexAttention against 0.96x for the two passes); else the two deterministic passes."""
+    adds across programs has the Gluon kernel and adds products only; else the two deterministic passes. A
+    Triton kernel adding with atomics ran at 0.55x FlexAttention against 0.96x for the two passes; the Gluon
+    kernel adding ALiBi's slope gradient (a sum per query row) beside dQ at 0.70-0.82x the two passes (H100,
+    bench/experiments/2026-11-27-slope-gradient-one-pass)."""
     if one_pass_suits(device):
         one = CompiledBackward(spec, wrt, accumulate=True)
         adding = [k for k in one.plan.kernels if k.adds]
-        if adding and all(module_for(k.spec, False).CONFIG.get("BACKEND") == "gluon" for k in adding):
+        if adding and not any(k.adds_sums for k in adding) and \
+                all(module_for(k.spec, False).CONFIG.get("BACKEND") == "gluon" for k in adding):
             return one
     return CompiledBackward(spec, wrt)
 

@@ -255,6 +255,9 @@ def test_atomic_backward_adds_dq_in_the_kernel_of_dk_and_dv():
     kernel = bw.kernels[0]
     assert [p.input for p in kernel.parts] == ["v", "k", "q", "slope"]
     assert [o.dtype for o in kernel.spec.also[1:]] == ["f32", "f32"]
+    # dQ is added as a product's tile, the slope's gradient as a value per query row
+    assert [(p.added, p.added_sum) for p in kernel.parts] == [(False, False)] * 2 + [(True, False), (True, True)]
+    assert kernel.adds and kernel.adds_sums
 
 
 @pytest.mark.parametrize("options,sizes", [
@@ -425,21 +428,22 @@ def test_optimize_backward_with_respect_to_some_inputs(tmp_path):
 
 
 def test_a_hopper_backward_takes_one_pass_where_the_gluon_kernel_adds(tmp_path, monkeypatch):
-    """Where one pass suits the device, ALiBi's gradients of q, k and v take it (dQ added by the Gluon kernel);
-    with the slopes' gradient, a second output added by Triton's atomics, they take the two passes, as every
-    backward does where one pass does not suit (the CPU)."""
+    """Where one pass suits the device, ALiBi's gradients of q, k and v take it (dQ added by the Gluon kernel).
+    With the slopes' gradient (a sum per query row added beside dQ: slower than the two passes), or with a head
+    dimension of 16, which the Gluon kernel does not take (its added products would run on Triton's atomics),
+    they take the two passes, as every backward does where one pass does not suit (the CPU)."""
     from neptune_eqsat import training
 
-    path = tmp_path / "small.py"
-    path.write_text(SMALL_ALIBI_GQA.replace("H, HKV, D = 4, 2, 16", "H, HKV, D = 4, 2, 128"))
-    spec, cpu = load_spec(str(path)), torch.device("cpu")
+    cpu = torch.device("cpu")
 
-    def adds(wrt):
-        return any(k.adds for k in training.backward_for_device(spec, wrt, cpu).plan.kernels)
+    def adds(dim, wrt):
+        path = tmp_path / f"small{dim}.py"
+        path.write_text(SMALL_ALIBI_GQA.replace("H, HKV, D = 4, 2, 16", f"H, HKV, D = 4, 2, {dim}"))
+        return any(k.adds for k in training.backward_for_device(load_spec(str(path)), wrt, cpu).plan.kernels)
 
-    assert not adds(("q", "k", "v"))
+    assert not adds(128, ("q", "k", "v"))
     monkeypatch.setattr(training, "one_pass_suits", lambda device: True)
-    assert adds(("q", "k", "v")) and not adds(None)
+    assert adds(128, ("q", "k", "v")) and not adds(128, None) and not adds(16, ("q", "k", "v"))
 
 
 def test_one_pass_suits_a_hopper_gpu_unless_deterministic_algorithms_are_asked(monkeypatch):

@@ -5,6 +5,7 @@ Hopper GPU (NEPTUNE_TEST_DEVICE=cuda). Under the interpreter the module's Triton
 (test_autodiff.test_attention_gradients_added_atomically)."""
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from neptune_eqsat.tune.database import candidates
 from conftest import DEVICE, SPECS
 from test_autodiff import attention_spec
 
-ATOMIC = ["global_pf", "causal_pf", "gqa_pf", "softcap_pf", "window_pf"]
+ATOMIC = ["global_pf", "causal_pf", "gqa_pf", "alibi_pf", "softcap_pf", "window_pf"]
 
 
 def gradient_kernel(spec, accumulate=True):
@@ -79,11 +80,21 @@ def test_a_test_of_positions_used_again_is_computed_again():
     assert "lo = (gl.maximum(0, -(-1 * i_lo + 0)) // BLOCK_I) * BLOCK_I" in consumer   # from the diagonal
 
 
+def test_a_sum_over_the_keys_added_beside_dq_rides_in_the_gluon_kernel():
+    """ALiBi's slope gradient sums dS (j - i) over the keys, a value per query row added across programs beside
+    dQ: each consumer sums its rows of the tile (those past the end as 0) and adds the sums atomically."""
+    result = gradient_kernel(attention_spec(dim=128, slope=True))
+    assert f"def {result.spec.name}_gluon_kernel(" in result.source
+    consumer = result.source[result.source.index("_consumer("):result.source.index("_gluon_kernel(")]
+    added = re.findall(r"(t\d+) = gl\.sum\(gl\.where\(valid_j\[:, None\], t\d+, 0\.0\), axis=0\)", consumer)
+    assert len(added) == 1
+    assert re.search(rf"gl\.atomic_add\(out\d+_ptr \+ [^,]*offs_i \* out\d+_s\d[^,]*, {added[0]}, mask=valid_i, "
+                     r"sem='relaxed'\)", consumer)
+
+
 @pytest.mark.parametrize("spec, accumulate, reason", [
     # the two passes: dK and dV add nothing into another kernel's rows
-    (attention_spec(dim=128), False, "not one pass adding one output into another kernel's rows"),
-    # ALiBi's slope gradient is a second output added across programs
-    (attention_spec(dim=128, slope=True), True, "not one pass adding one output into another kernel's rows"),
+    (attention_spec(dim=128), False, "not one pass adding one product into another kernel's rows"),
     # a head dimension the warpgroup products do not take
     (attention_spec(dim=16), True, "not an fp32 [..., i, d] tile of 64 or 128 columns"),
 ])
@@ -182,7 +193,8 @@ print(json.dumps([compiled.metadata.num_warps, ptx.count("wgmma.mma_async") > 0,
 '''.replace("TESTS_DIR", repr(str(Path(__file__).resolve().parent)))
 
 
-@pytest.mark.parametrize("name, dtype", [("global_pf", "f16"), ("causal_pf", "bf16"), ("softcap_pf", "bf16")])
+@pytest.mark.parametrize("name, dtype", [("global_pf", "f16"), ("causal_pf", "bf16"), ("softcap_pf", "bf16"),
+                                         ("alibi_pf", "f16")])
 def test_the_gluon_gradient_kernel_compiles_for_hopper(name, dtype, tmp_path):
     """For an H100 (to PTX and through ptxas): 12 warps, the consumers raised to 240 registers and the producer
     lowered to 24, warpgroup products, the accumulated output added by the bulk tensor reduce, and every tile
@@ -199,8 +211,9 @@ def test_the_gluon_gradient_kernel_compiles_for_hopper(name, dtype, tmp_path):
                                                      result.source)}
     script = tmp_path / "ptx.py"
     script.write_text(HOPPER_PTX)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}   # (a reduction's combine: compiled)
     run = subprocess.run([sys.executable, str(script), str(path), json.dumps(blocks)], capture_output=True,
-                         text=True, timeout=600)
+                         text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     warps, has_wgmma, reduces, regs, lone_conversions = json.loads(run.stdout.strip().splitlines()[-1])
     assert warps == 12 and has_wgmma and reduces >= 1 and lone_conversions == 0

@@ -52,6 +52,7 @@ class GradPart:
     as_is: bool = False            # the input's whole gradient, in its dtype: the host takes the output as it is
     sole: bool = False             # the input's only part: what the host makes of it is the input's gradient
     added: bool = False            # added into by every program of another kernel's loop (`_accumulated`)
+    added_sum: bool = False        # ... and a value per row of that loop, not a product's tile (a slope's gradient)
 
     @property
     def groups(self) -> tuple[tuple[int, int], ...] | None:
@@ -93,6 +94,11 @@ class GradKernel:
     def adds(self) -> bool:
         """Do its programs add an output across the loop (atomic adds: the sum's order varies)?"""
         return any(p.added for p in self.parts)
+
+    @property
+    def adds_sums(self) -> bool:
+        """Is one of the outputs it adds a value per row of its loop (a sum over its own rows)?"""
+        return any(p.added_sum for p in self.parts)
 
 
 @dataclass
@@ -250,7 +256,8 @@ def _accumulated(spec: Spec, groups: list[list[GradPart]]) -> list[list[GradPart
         host = next((h for h in out if h is not g and h[0].loop not in (None, g[0].loop)
                      and _accumulable(spec, g, h)), None)
         if host is not None:
-            host += [replace(p, spec=replace(p.spec, output_dtype="f32"), added=True) for p in g]
+            host += [replace(p, spec=replace(p.spec, output_dtype="f32"), added=True,
+                             added_sum=_is_long(spec, p.spec.output_axes[-1])) for p in g]
             hosts.append(host)
             out = [h for h in out if h is not g]
     return out
