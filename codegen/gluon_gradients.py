@@ -138,7 +138,7 @@ def _match(sched: Schedule, name: str) -> GradientKernel:
     w.ctx.body = "acc"
     w.cache[("acc", sums[0], False, None)] = Val("acc_part", (loop, col), "f32")
     value = w.emit(term)
-    if value.axes != (loop, col) or any(x.op == "load" for x in ir.walk(term) if x not in ir.walk(sums[0])):
+    if value.axes != (loop, col) or _reads_beside(term, sums[0]):
         raise NotEligible(f"output {o.name} reads more than its sum over the rows")
     acc_lines += w.blocks.pop("acc", []) + [f"acc_rows.store({value.code})", "fence_async_shared()"]
     if o.dtype != "f32" or o.axes[-1] != col or loop not in o.axes or \
@@ -177,12 +177,18 @@ def _added_vector(w: GradientWriter, k: int, blk: str) -> list[str]:
     part = w.put(blk, f"gl.sum(gl.where(valid_{row}[:, None], {x.code}, 0.0), axis=0)")
     w.cache[(blk, sums[0], False, None)] = Val(part, (loop,), "f32")
     value = w.emit(term)
-    if value.axes != (loop,) or any(x.op == "load" for x in ir.walk(term) if x not in ir.walk(sums[0])):
+    if value.axes != (loop,) or _reads_beside(term, sums[0]):
         raise NotEligible(f"output {o.name} reads more than its sum over the rows")
     ptr = f"out{k + 1}"
     offsets = " + ".join(f"{'offs_' + a if a == loop else a} * {ptr}_s{n}" for n, a in enumerate(o.axes))
     w.blocks[blk].append(f"gl.atomic_add({ptr}_ptr + {offsets}, {value.code}, mask=valid_{loop}, sem='relaxed')")
     return [f"{ptr}_ptr"] + [f"{ptr}_s{n}" for n in range(len(o.axes))]
+
+
+def _reads_beside(term, inner) -> bool:
+    """Does `term` load an input outside its subterm `inner` (an added output's sum over the rows)?"""
+    within = set(ir.walk(inner))
+    return any(x.op == "load" and x not in within for x in ir.walk(term))
 
 
 def _accumulated_tile(w: GradientWriter, tile: Val, param: str) -> list[str]:

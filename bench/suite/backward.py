@@ -119,15 +119,6 @@ def system_call(name, op, module, q, k, v, slopes, grad):
     raise ValueError(name)
 
 
-def our_gradients(system, op, module, q, k, v, slopes, grad):
-    """The gradients of q, k and v a system of ours computes (a module's backward, or the API's)."""
-    if system in MODULES:
-        args = [t.detach() for t in ((q, k, v, slopes) if op.mod == "alibi" else (q, k, v))]
-        out, saved = module.forward_saved(*args)
-        return module.backward(*args, out=out, grad_out=grad, saved=saved)
-    return api_step(op, q, k, v, slopes, grad, system.endswith("deterministic"))()
-
-
 def check(op, ours, q, k, v, slopes, grad, dtype) -> float:
     """Largest error of our gradients (`ours`, of q, k, v) relative to their scale, against float64 autograd on
     heads of KV head 0; beyond 4096 keys (where that reference would not fit), dQ of the last 256 query rows of
@@ -169,7 +160,7 @@ def run(args) -> list[dict]:
             slopes = alibi_slopes(op.hq, "cuda")
             grad = torch.randn(1, op.hq, S, D, device="cuda", dtype=dt, generator=g)
             flops = 2.5 * work(op, 1, S, S)[0]
-            errors = {system: check(op, our_gradients(system, op, module, q, k, v, slopes, grad), q, k, v, slopes,
+            errors = {system: check(op, system_call(system, op, module, q, k, v, slopes, grad)(), q, k, v, slopes,
                                     grad, args.dtype) for system, module in ours.items()}
             for system in systems:
                 module = ours.get(system)
