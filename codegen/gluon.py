@@ -5,7 +5,7 @@ product over the loop axis (`out[row, col] = sum_loop P[row, loop] * V[loop, col
 from a matrix product over an inner axis `sum_inner A[row, inner] * B[loop, inner]`), its state repaired by a
 row factor. The kernel then splits its warps into three partitions:
 
-    producer     copies A once and B/V blocks into a ring of shared-memory stages (copy engine, mbarriers)
+    producer     one warp: copies A once and B/V blocks into a ring of shared-memory stages (copy engine, mbarriers)
     consumer 0   rows 0-63 of the program's 128: per block, the product A B^T, the per-element work of the
                  term (emitted by the same writer as the Triton kernels), the row reductions, and P V
     consumer 1   rows 64-127: the same
@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from neptune_eqsat.plan.schedule import Schedule
 
 from .blocks import block_counts, kernel_lines
-from .gluon_writer import CONSUMERS, GLUON_DTYPE, ROWS, GluonWriter, NotEligible, matched_or_why
+from .gluon_writer import (CONSUMERS, GLUON_DTYPE, ROWS, GluonWriter, NotEligible, matched_or_why,
+                           start_partitions)
 from .kernel import grid_sizes, jit_decorator
 from .loops import grid_index_lines, mask_bounds, pass_bounds, pass_table
 from .values import Context, Val
@@ -108,7 +109,7 @@ def tile_lines(row_blocks: str, grid_tiles: str, tiles: str, ordered: bool) -> l
 
 @dataclass
 class WarpSpecialized:
-    """A schedule matched to the warp-specialized pattern. Its roles: a producer warpgroup copies the row tile
+    """A schedule matched to the warp-specialized pattern. Its roles: a producer warp copies the row tile
     A once per tile and the key blocks B and V into a ring of stages; two consumer warpgroups, 64 rows each,
     take turns issuing S = A B^T and O += P V on the tensor cores, and between the two do the per-element
     work of a block (the writer's blocks, in S's layout) and repair O by a row factor."""
@@ -335,11 +336,7 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
         f"for c in gl.static_range({CONSUMERS}):",
         "    mbarrier.init(turns.index(c), count=1)",
         "fence_async_shared()",
-        "gl.warp_specialize([",
-        f"    ({name}_producer, ({args}, {', '.join(consts)})),",
-        f"    ({name}_consumer, ({args}, {', '.join(consts)}, gl.constexpr(0))),",
-        f"    ({name}_consumer, ({args}, {', '.join(consts)}, gl.constexpr(1))),",
-        "], [4, 4], [240, 240])"]
+        *start_partitions(name, f"{args}, {', '.join(consts)}")]
     src = (f"@gluon.jit\ndef {name}_producer({sig}):\n" + textwrap.indent("\n".join(producer), "    ") +
            f"\n\n\n@gluon.jit\ndef {name}_consumer({sig}, ME: gl.constexpr):\n"
            + textwrap.indent("\n".join(consumer), "    ") +

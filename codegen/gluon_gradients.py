@@ -4,8 +4,8 @@ dQ added (`optimize --backward --atomic`): five matrix products per block instea
 
 A program owns 128 rows (keys). Its warps split into three partitions:
 
-    producer     copies the inputs read along the rows once (K, V) and those read along the loop axis (Q, dO)
-                 block after block into a ring of shared-memory stages (copy engine, mbarriers)
+    producer     one warp: copies the inputs read along the rows once (K, V) and those read along the loop
+                 axis (Q, dO) block after block into a ring of shared-memory stages (copy engine, mbarriers)
     consumer 0   rows 0-63: per block, the products within the block (S^T = K Q^T, dP^T = V dO^T), the
                  per-element work of the term (gluon_gradient_writer.py), the products over the loop axis into
                  its states (dV += P^T dO, dK += dS^T Q), and its rows of the accumulated output's tile (dS^T)
@@ -28,7 +28,7 @@ from neptune_eqsat.plan.schedule import Schedule
 
 from .gluon_gradient_writer import GradientWriter
 from .gluon_waits import block_with_waits
-from .gluon_writer import GLUON_DTYPE, ROWS, NotEligible, matched_or_why
+from .gluon_writer import GLUON_DTYPE, ROWS, NotEligible, matched_or_why, start_partitions
 from .kernel import grid_sizes, jit_decorator
 from .loops import grid_index_lines, pass_bounds, pass_table
 from .triton_kernel import outputs
@@ -327,11 +327,7 @@ def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
         "for s in gl.static_range(2):",
         "    mbarrier.init(tile_bar.index(s), count=2)   # both consumers' rows of the accumulated tile",
         "fence_async_shared()",
-        "gl.warp_specialize([",
-        f"    ({name}_producer, ({args})),",
-        f"    ({name}_consumer, ({args}, gl.constexpr(0))),",
-        f"    ({name}_consumer, ({args}, gl.constexpr(1))),",
-        "], [4, 4], [240, 240])"]
+        *start_partitions(name, args)]
     src = (REDUCE_ADD + f"\n\n@gluon.jit\ndef {name}_producer({sig}):\n" + textwrap.indent("\n".join(producer), "    ")
            + f"\n\n\n@gluon.jit\ndef {name}_consumer({sig}, ME: gl.constexpr):\n"
            + textwrap.indent("\n".join(consumer), "    ")

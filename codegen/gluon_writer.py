@@ -17,6 +17,20 @@ CONSUMERS = 2
 GLUON_DTYPE = {"f16": "gl.float16", "bf16": "gl.bfloat16"}
 
 
+def start_partitions(name: str, args: str) -> list[str]:
+    """The lines starting a warp-specialized kernel's partitions, each called with `args`: consumer 0 in the
+    kernel's own 4 warps (the default partition), consumer 1 in 4 more, and the producer in one warp. Triton
+    pads the producer to a warpgroup of idle warps and moves registers by warpgroup: 240 for each consumer,
+    24 for the producer's. A producer of 4 warps put one producer warp beside the consumers' on every
+    scheduler, each running the producer's loop; with one (as FlashAttention-3 has), prefill ran 1-4.5% faster
+    at S = 16k on an H100 and the one-pass backward 0.5-3.5% (bench/experiments/2026-11-27-one-warp-producer)."""
+    return ["gl.warp_specialize([",
+            f"    ({name}_consumer, ({args}, gl.constexpr(0))),",
+            f"    ({name}_consumer, ({args}, gl.constexpr(1))),",
+            f"    ({name}_producer, ({args})),",
+            "], [4, 1], [240, 24])"]
+
+
 class NotEligible(Exception):
     """The schedule has no warp-specialized Gluon form; the message says why."""
 

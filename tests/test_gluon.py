@@ -27,6 +27,11 @@ def test_rolled_prefill_plans_get_a_warp_specialized_kernel(name):
     result, mod = compiled(str(SPECS / f"{name}.py"))
     assert eligible(result.candidates[0].sched) is None
     assert f"def {name}_gluon_kernel(" in result.source and "gl.warp_specialize(" in result.source
+    # consumer 0 in the kernel's own warps, consumer 1 in a warpgroup, the producer in one warp
+    call = result.source.split("gl.warp_specialize([")[1].split("], [")[0]
+    assert [line.split(",")[0].strip(" (") for line in call.strip().splitlines()] == [
+        f"{name}_consumer", f"{name}_consumer", f"{name}_producer"]
+    assert "], [4, 1], [240, 24])" in result.source
     assert mod.CONFIG["BACKEND"] == "gluon" and mod.INTERPRETER_CONFIG["BACKEND"] == "triton"
     assert "kernels: Triton, and a warp-specialized Gluon kernel for Hopper GPUs" in result.explain()
 
@@ -77,9 +82,9 @@ for path in sys.argv[1:]:
 
 
 def test_the_gluon_kernels_compile_for_hopper_as_three_partitions(tmp_path):
-    """Every prefill module's Gluon kernel compiles for an H100 (to PTX and through ptxas): 12 warps, the two
-    consumer warpgroups raised to 240 registers and the producer lowered to 24, warpgroup matrix products, and
-    its ring of 3 key/value stages in shared memory."""
+    """Every prefill module's Gluon kernel compiles for an H100 (to PTX and through ptxas): 12 warps (the
+    producer's one warp padded to a warpgroup), both consumer warpgroups at 240 registers and the producer's
+    lowered to 24, warpgroup matrix products, and its ring of 3 key/value stages in shared memory."""
     paths = []
     for name in PREFILL:
         result, _ = compiled(str(SPECS / f"{name}.py"))
@@ -96,7 +101,7 @@ def test_the_gluon_kernels_compile_for_hopper_as_three_partitions(tmp_path):
         assert int(warps) == 12
         assert 3 * 2 * 128 * 128 * 2 < int(shared) <= 232448   # three stages of K and V, Q, within 227 KiB
         assert int(products) > 0
-        assert "('inc', '240')" in regs and "('dec', '24')" in regs
+        assert "('inc', '240')" in regs and "('dec', '240')" in regs and "('dec', '24')" in regs
 
 
 def _listed_mask_sources() -> dict[str, object]:

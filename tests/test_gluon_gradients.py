@@ -196,10 +196,11 @@ print(json.dumps([compiled.metadata.num_warps, ptx.count("wgmma.mma_async") > 0,
 @pytest.mark.parametrize("name, dtype", [("global_pf", "f16"), ("causal_pf", "bf16"), ("softcap_pf", "bf16"),
                                          ("alibi_pf", "f16")])
 def test_the_gluon_gradient_kernel_compiles_for_hopper(name, dtype, tmp_path):
-    """For an H100 (to PTX and through ptxas): 12 warps, the consumers raised to 240 registers and the producer
-    lowered to 24, warpgroup products, the accumulated output added by the bulk tensor reduce, and every tile
-    rounded to 16 bits two elements at a time: soft-cap's P, D + dP and tanh factor, each read again in fp32,
-    were rounded one element at a time (192 lone conversions; in bf16 quarter-rate F2F instructions)."""
+    """For an H100 (to PTX and through ptxas): 12 warps (the producer's one warp padded to a warpgroup), the
+    consumers at 240 registers and the producer's warpgroup lowered to 24, warpgroup products, the accumulated
+    output added by the bulk tensor reduce, and every tile rounded to 16 bits two elements at a time: soft-cap's
+    P, D + dP and tanh factor, each read again in fp32, were rounded one element at a time (192 lone
+    conversions; in bf16 quarter-rate F2F instructions)."""
     result = gradient_kernel(load_spec(str(SPECS / f"{name}.py")).retyped(dtype))
     path = tmp_path / "kernel.py"
     path.write_text(result.source)
@@ -217,7 +218,8 @@ def test_the_gluon_gradient_kernel_compiles_for_hopper(name, dtype, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     warps, has_wgmma, reduces, regs, lone_conversions = json.loads(run.stdout.strip().splitlines()[-1])
     assert warps == 12 and has_wgmma and reduces >= 1 and lone_conversions == 0
-    assert ["dec", "24"] in regs and ["inc", "240"] in regs
+    assert ["dec", "24"] in regs and ["inc", "240"] in regs and ["dec", "240"] in regs
+    assert "], [4, 1], [240, 24])" in result.source   # the producer in one warp
 
 
 @pytest.mark.skipif(DEVICE != "cuda" or not torch.cuda.is_available()
