@@ -5,8 +5,10 @@ empty-row guard where(m == -inf, 0, m), running maxima and prev, until it meets 
 into one constant. A difference x - max_j x gets the guard too (guard-partial-max): the cost model prices the
 unguarded form as a risk in plans whose maxima are partial. tanh and the logistic function become
 logistic2(x) = 1 / (1 + 2^x) (one exp2 and one reciprocal, saturating to 0 or 1 instead of overflowing), whose
-argument's factor folds the same way, and a cap that multiplies tanh distributes over 1 - 2 logistic2. Each rule is proved; which forms win is the cost
-model's choice.
+argument's factor folds the same way, and a cap that multiplies tanh distributes over 1 - 2 logistic2. A positive
+factor also moves out of a maximum and out of a mask's -inf (max-pull-positive-constant, constant-out-of-mask):
+the maximum of the raw scores, scaled once per row, leaves the exponent s*k - m*k reading s*k once. Each rule
+is proved; which forms win is the cost model's choice.
 """
 import functools
 import math
@@ -62,6 +64,17 @@ def _empty_guard_obligation() -> tuple[str, bool]:
     finite = proves(guarded(s.a, False), guarded(s.a, True))
     infinite = all(sp.simplify(guarded(v, False)) == sp.simplify(guarded(v, True)) for v in (-sp.oo, sp.oo))
     return "where(a == -inf, 0, a)*k = where(a*k == -inf, 0, a*k), k > 0, a real or +-inf", finite and infinite
+
+
+def _mask_scale_obligation() -> tuple[str, bool]:
+    """where(c, a*k, -inf) = where(c, a, -inf) * k for k > 0: equal where c holds, and -inf*k = -inf."""
+    s = _symbols()   # (the difference of the two sides is -inf - -inf where c fails: compared branch by branch)
+    left = sp.Piecewise((s.a * s.kpos, sp.Ne(s.c, 0)), (-sp.oo, True))
+    right = sp.piecewise_fold(sp.Piecewise((s.a, sp.Ne(s.c, 0)), (-sp.oo, True)) * s.kpos)
+    same = isinstance(right, sp.Piecewise) and len(left.args) == len(right.args) and all(
+        cl == cr and (ol == orr or ol.is_finite is not False and proves(ol, orr))
+        for (ol, cl), (orr, cr) in zip(left.args, right.args))
+    return "where(c, a*k, -inf) = where(c, a, -inf)*k, k > 0", bool(same)
 
 
 def _partial_max_guard_obligation() -> tuple[str, bool]:
@@ -148,6 +161,19 @@ RULES = [
              ETerm.red("max", ax, ETerm.bin("mul", x, C(k))), k > f64(0.0)),
          _proved("max(y1, y2)*k = max(y1*k, y2*k), k > 0",
                  lambda s: (sp.Max(s.y1, s.y2) * s.kpos, sp.Max(s.y1 * s.kpos, s.y2 * s.kpos)))),
+    # the other way: a maximum over unscaled values, scaled once per row. The exponent x*k - max_j(x)*k then
+    # uses x*k once, which compiles to one fused multiply-add per element, where x*k read by the maximum and
+    # the difference is a multiply and a subtraction
+    Rule("max-pull-positive-constant", F, "max_j(x * k) = max_j(x) * k for a constant k > 0",
+         _rw("max-pull-positive-constant", ETerm.red("max", ax, ETerm.bin("mul", x, C(k))),
+             ETerm.bin("mul", ETerm.red("max", ax, x), C(k)), k > f64(0.0)),
+         _proved("max(y1*k, y2*k) = max(y1, y2)*k, k > 0",
+                 lambda s: (sp.Max(s.y1 * s.kpos, s.y2 * s.kpos), sp.Max(s.y1, s.y2) * s.kpos))),
+    Rule("constant-out-of-mask", F, "where(p, a*k, -inf) = where(p, a, -inf) * k for a constant k > 0: a masked "
+         "score's maximum can be taken before its scale",
+         _rw("constant-out-of-mask", ETerm.where(p, ETerm.bin("mul", a, C(k)), NEG_INF),
+             ETerm.bin("mul", ETerm.where(p, a, NEG_INF), C(k)), k > f64(0.0)),
+         _mask_scale_obligation),
     Rule("prev-of-scaled", F, "prev_j(a) * k = prev_j(a * k)",
          _rw("prev-of-scaled", ETerm.bin("mul", ETerm.prev(ax, a), C(k)), ETerm.prev(ax, ETerm.bin("mul", a, C(k)))),
          _proved("prev_j(a)*k = prev_j(a*k): prev_j reads each running value as the block began (a -> a'), k "

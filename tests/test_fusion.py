@@ -32,6 +32,19 @@ def test_rolling_update_gives_one_pass(name):
     assert unfused.cost.seconds > chosen.cost.seconds
 
 
+@pytest.mark.parametrize("name", ["global_pf", "causal_pf", "gqa_pf"])
+def test_the_row_maximum_is_taken_over_raw_scores(name):
+    """A positive scale moves out of the maximum (and out of the mask, -inf scaled staying -inf): the max reads
+    the unscaled product sum, so the exponent's scaled score is read once and the kernels compute it with one
+    fused multiply-add per element instead of a multiply shared by the max and a subtraction."""
+    result = compiled(str(SPECS / f"{name}.py"))[0]
+    maxima = [t for t in ir.walk(result.chosen.term) if ir.is_reduction(t) and t.attrs[0] == "max"]
+    assert maxima
+    for m in maxima:
+        body = m.args[0].args[1] if m.args[0].op == "where" else m.args[0]
+        assert ir.is_reduction(body) and body.attrs[1] == "d", ir.show(m)
+
+
 def test_repair_term_is_a_derived_term_in_the_egraph():
     """For attention the repair is acc * exp(prev(m) - m): derived (acc * finite_or_zero(x / prev(x)) with
     x = exp(-m)), then simplified by the algebra rules and moved to base 2 by the scalar rules; the score's scale
@@ -43,9 +56,11 @@ def test_repair_term_is_a_derived_term_in_the_egraph():
     repair = rolls(result.chosen.term)[0].args[1]
     assert repair.op == "bin" and repair.attrs[0] == "mul" and ir.ACC in repair.args, text   # acc times a factor
     factor = next(a for a in repair.args if a != ir.ACC)
-    assert ir.show(factor).startswith("exp2_or_zero((prev_j(where((max(j,"), text
+    assert ir.show(factor).startswith("exp2_or_zero((prev_j(where(("), text
+    assert "max(j, where((i >= j), sum(d, " in ir.show(factor), text   # the maximum of the masked raw scores
+    # the scale multiplies the scores or (max-pull-positive-constant) their maximum, taken once per row
     scales = [a.attrs[0] for t in ir.walk(repair) if t.op == "bin" and t.attrs[0] == "mul"
-              for a, b in (t.args, t.args[::-1]) if a.op == "const" and b.op == "red" and b.attrs[1] == "d"]
+              for a, b in (t.args, t.args[::-1]) if a.op == "const" and b.op == "red" and b.attrs[1] in "dj"]
     assert scales and all(s == pytest.approx(math.log2(math.e) / math.sqrt(128), rel=1e-12) for s in scales), text
     assert "tl.math.exp2" in result.source       # emitted like any other expression
     assert "tl.exp(" not in result.source

@@ -88,3 +88,24 @@ def test_a_second_test_of_a_mask_under_its_exp_is_absorbed():
         x = eg.let("x", lhs)
         eg.run(make_ruleset("absorbed", [absorbed]) * 2)
         assert eg.check_bool(eq(x).to(rhs)) is equal
+
+
+def test_a_positive_scale_leaves_the_maximum_and_the_mask():
+    """max_j(x * k) = max_j(x) * k and where(p, a * k, -inf) = where(p, a, -inf) * k, for constants k > 0: both
+    proved, fired only for a positive k (a negative one turns a maximum into a minimum, and -inf into +inf). The
+    chosen plans then take their row maximum over the raw scores and scale it once per row, so that the
+    exponent's s * k - m * k is one multiply-add per element (bench/experiments/2026-11-26-raw-max-fma)."""
+    pulls = {r.name: r for r in ALL_RULES if r.name in ("max-pull-positive-constant", "constant-out-of-mask")}
+    assert set(pulls) == {"max-pull-positive-constant", "constant-out-of-mask"}
+    assert all(r.proof[1] for r in pulls.values())
+    p, x = ETerm.axis("p"), ETerm.axis("x")
+    neg_inf = ETerm.const(float("-inf"))
+    for k, fires in ((0.125, True), (-0.125, False)):
+        scaled = ETerm.bin("mul", x, ETerm.const(k))
+        for lhs, rhs in ((ETerm.red("max", "j", scaled), ETerm.bin("mul", ETerm.red("max", "j", x), ETerm.const(k))),
+                         (ETerm.where(p, scaled, neg_inf), ETerm.bin("mul", ETerm.where(p, x, neg_inf),
+                                                                    ETerm.const(k)))):
+            eg = EGraph()
+            e = eg.let("e", lhs)
+            eg.run(make_ruleset(f"pulls{k}", list(pulls.values())) * 2)
+            assert eg.check_bool(eq(e).to(rhs)) is fires, (k, lhs)
