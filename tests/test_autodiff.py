@@ -260,6 +260,25 @@ def test_atomic_backward_adds_dq_in_the_kernel_of_dk_and_dv():
     assert kernel.adds and kernel.adds_sums
 
 
+def test_an_added_value_per_row_is_told_by_its_axes_as_the_gluon_kernel_tells_it():
+    """An added output is a value per row of the host's loop when all its axes are the host's grid axes or that
+    loop, whatever their order; one with a column of the host's tiles is a product's tile. Before, the last axis
+    decided (long: a sum), which called dQ laid out [b, h, d, i] a sum and a slope's gradient laid out [b, i, h]
+    a product, against the Gluon kernel's own test."""
+    from dataclasses import replace
+    from neptune_eqsat.plan.autodiff import _value_per_row
+    kernel = differentiate(attention_spec(slope=True), accumulate=True).kernels[0]
+    host = [p for p in kernel.parts if not p.added]
+    dq, slope = (next(p for p in kernel.parts if p.input == n) for n in ("q", "slope"))
+
+    def laid_out(part, axes):
+        assert sorted(axes) == sorted(part.spec.output_axes)
+        return replace(part, spec=replace(part.spec, output_axes=axes))
+    assert not _value_per_row(dq, host) and _value_per_row(slope, host)
+    assert not _value_per_row(laid_out(dq, ("b", "h", "d", "i")), host)
+    assert _value_per_row(laid_out(slope, ("b", "i", "h")), host)
+
+
 @pytest.mark.parametrize("options,sizes", [
     ({"kv_heads": 2, "heads": 4, "slope": True, "empty_row": 5}, {"S": 21, "B": 2}),
     pytest.param({"softcap": 20.0, "causal": False}, {"S": 19}, marks=pytest.mark.slow),

@@ -257,10 +257,20 @@ def _accumulated(spec: Spec, groups: list[list[GradPart]]) -> list[list[GradPart
                      and _accumulable(spec, g, h)), None)
         if host is not None:
             host += [replace(p, spec=replace(p.spec, output_dtype="f32"), added=True,
-                             added_sum=_is_long(spec, p.spec.output_axes[-1])) for p in g]
+                             added_sum=_value_per_row(p, host)) for p in g]
             hosts.append(host)
             out = [h for h in out if h is not g]
     return out
+
+
+def _value_per_row(part: GradPart, host: list[GradPart]) -> bool:
+    """Does `part`, added into by the programs of `host`'s loop, hold a value per row of that loop (a sum over
+    the host's rows, as a slope's gradient) rather than a product's tile (dQ)? Its axes are then all grid axes
+    of the host (the host outputs' axes but their columns, the last, and their rows, the part's own loop) or the
+    host's loop axis: the test the Gluon gradient kernel matches by (codegen/gluon_gradients.py), so that the
+    backward chosen for a device (training.backward_for_device) reads the same split."""
+    grid = {a for q in host if not q.added for a in q.spec.output_axes[:-1]} - {part.loop}
+    return set(part.spec.output_axes) <= grid | {host[0].loop}
 
 
 def _accumulable(spec: Spec, group: list[GradPart], host: list[GradPart]) -> bool:
