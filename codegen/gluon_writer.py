@@ -23,7 +23,7 @@ def start_partitions(name: str, args: str) -> list[str]:
     pads the producer to a warpgroup of idle warps and moves registers by warpgroup: 240 for each consumer,
     24 for the producer's. A producer of 4 warps put one producer warp beside the consumers' on every
     scheduler, each running the producer's loop; with one (as FlashAttention-3 has), prefill ran 1-4.5% faster
-    at S = 16k on an H100 and the one-pass backward 0.5-3.5% (bench/experiments/2026-11-27-one-warp-producer)."""
+    at S = 16k on an H100 and the one-pass backward up to 3.6% (bench/experiments/2026-11-27-one-warp-producer)."""
     return ["gl.warp_specialize([",
             f"    ({name}_consumer, ({args}, gl.constexpr(0))),",
             f"    ({name}_consumer, ({args}, gl.constexpr(1))),",
