@@ -89,11 +89,8 @@ class _Compiled:
 
     def backward(self, wrt: tuple[str, ...], device: torch.device):
         """The backward kernels for the inputs `wrt` on `device` (one pass or two: training.backward_for_device)."""
-        key = (wrt, device, torch.are_deterministic_algorithms_enabled())
-        if key not in self.backwards:
-            from neptune_eqsat.training import backward_for_device   # the compiler's side: only for gradients
-            self.backwards[key] = backward_for_device(self.spec, wrt, device)
-        return self.backwards[key]
+        from neptune_eqsat.training import device_backward   # the compiler's side: only for gradients
+        return device_backward(self.backwards, self.spec, wrt, device)
 
     def check_indices(self, query, key, captures) -> None:
         if not self.checks:

@@ -242,6 +242,15 @@ def backward_for_device(spec: Spec, wrt: tuple[str, ...] | None, device: torch.d
     return CompiledBackward(spec, wrt)
 
 
+def device_backward(cache: dict, spec: Spec, wrt: tuple[str, ...], device: torch.device) -> CompiledBackward:
+    """backward_for_device(spec, wrt, device), kept in `cache` per (inputs, device, whether torch is asked for
+    deterministic algorithms): a process that switches that setting gets the backward matching each."""
+    key = (wrt, device, torch.are_deterministic_algorithms_enabled())
+    if key not in cache:
+        cache[key] = backward_for_device(spec, wrt, device)
+    return cache[key]
+
+
 class Differentiable:
     """A spec as a differentiable torch function: `fn(*inputs)` in the spec's input order runs the forward
     kernel; gradients flow to every floating input that requires them, through the derived backward kernels.
@@ -254,11 +263,11 @@ class Differentiable:
         self._backwards: dict[tuple, CompiledBackward] = {}
 
     def backward_for(self, wrt: tuple[str, ...], device: torch.device) -> CompiledBackward:
-        key = (wrt, None) if self.deterministic is not None else \
-            (wrt, device, torch.are_deterministic_algorithms_enabled())
+        if self.deterministic is None:
+            return device_backward(self._backwards, self.spec, wrt, device)
+        key = (wrt, None)
         if key not in self._backwards:
-            self._backwards[key] = (backward_for_device(self.spec, wrt, device) if self.deterministic is None else
-                                    CompiledBackward(self.spec, wrt, accumulate=not self.deterministic))
+            self._backwards[key] = CompiledBackward(self.spec, wrt, accumulate=not self.deterministic)
         return self._backwards[key]
 
     def __call__(self, *xs: torch.Tensor) -> torch.Tensor:
