@@ -31,6 +31,7 @@ from .gluon_waits import block_with_waits
 from .gluon_writer import GLUON_DTYPE, ROWS, NotEligible, matched_or_why, start_partitions
 from .kernel import grid_sizes, jit_decorator
 from .loops import grid_index_lines, pass_bounds, pass_table
+from .rounding import COUNT_HELPERS, counted_layout
 from .triton_kernel import outputs
 from .values import Context, Val
 
@@ -68,6 +69,7 @@ class GradientKernel:
     half: int                  # columns of the accumulated output per consumer
     added: int                 # the further output the product adds into (ACC_DESC's)
     vector_params: list[str]   # the pointers and strides of the added outputs of a value per loop row
+    counted: bool = False      # a 16-bit accumulated output: programs count their threads done per grid index
 
 
 def match_gradients(sched: Schedule, name: str) -> GradientKernel | str:
@@ -141,9 +143,9 @@ def _match(sched: Schedule, name: str) -> GradientKernel:
     if value.axes != (loop, col) or _reads_beside(term, sums[0]):
         raise NotEligible(f"output {o.name} reads more than its sum over the rows")
     acc_lines += w.blocks.pop("acc", []) + [f"acc_rows.store({value.code})", "fence_async_shared()"]
-    if o.dtype != "f32" or o.axes[-1] != col or loop not in o.axes or \
+    if o.dtype not in ("f32", "f16", "bf16") or o.axes[-1] != col or loop not in o.axes or \
             any(a not in sched.grid for a in o.axes if a not in (loop, col)) or w.ext(col) not in ("64", "128"):
-        raise NotEligible(f"output {o.name}: not an fp32 [..., {loop}, {col}] tile of 64 or 128 columns")
+        raise NotEligible(f"output {o.name}: not a float [..., {loop}, {col}] tile of 64 or 128 columns")
     half = int(w.ext(col)) // 2
     found = w.descriptor_block(f"out{k + 1}", tuple(ir.axis(a) for a in o.axes), (loop, col))
     if found is None:
@@ -155,7 +157,8 @@ def _match(sched: Schedule, name: str) -> GradientKernel:
     epilogue, out_descs = _epilogue(w, sched, reds)
     bounds = pass_bounds(w, 0, reds)
     kernel = GradientKernel(w, name, head, bounds, block_with_waits(w, w.blocks[blk], blk), acc_lines, epilogue,
-                            out_descs, acc_block, half, k, vector_params)
+                            out_descs, acc_block, half, k, vector_params,
+                            o.dtype != "f32" and counted_layout(o, tuple(sched.grid), loop, col))
     text = "\n".join(kernel.body + acc_lines + epilogue)
     if re.search(r"<(row|loop):", text):
         raise NotEligible("an input operand is read in arithmetic, not as it is")
@@ -259,13 +262,14 @@ def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
     for n in w.pointer_inputs:
         pointers += [f"{n}_ptr"] + [f"{n}_s{k}" for k in range(len(w.spec.inputs[n].shape))]
     params = row_ops + loop_ops + [ACC_DESC] + [d for d, _, _ in m.out_descs] + pointers + m.vector_params + \
-        w.dims + ["GROUP"]
+        ["done_ptr"] * m.counted + w.dims + ["GROUP"]
+    trigger = ["_launch_dependents()"] * m.counted   # the rounding kernel (rounding.py) may start
     shared = [f"{p}_smem" for p in row_ops + loop_ops] + ["tile_smem", "acc_smem", "row_bar", "ready", "empty",
                                                            "tile_bar", "done_bar"]
     consts = [rb, lb, "STAGES", "EVEN"]
     nbytes = (lambda ps: " + ".join(f"{p}.block_type.nbytes" for p in ps))
     coords = (lambda p, table: ", ".join(table[p][0]))
-    producer = m.head + m.bounds + [
+    producer = trigger + m.head + m.bounds + [
         f"mbarrier.expect(row_bar, {nbytes(row_ops)})",
         *[f"tma.async_copy_global_to_shared({p}, [{coords(p, w.row_operands)}], row_bar, {p}_smem)" for p in row_ops],
         f"for it in range(gl.cdiv(hi - lo, {lb})):",
@@ -290,7 +294,7 @@ def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
         "O_ROWS: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)",
         "O_COLS: gl.constexpr = gl.SliceLayout(0, O_LAYOUT)"]
     step = ["stage = it % STAGES", "mbarrier.wait(ready.index(stage), (it // STAGES) & 1)"]
-    consumer = layouts + m.head + [
+    consumer = layouts + trigger + m.head + [
         f"offs_{row} = i_lo + ME * {ROWS} + gl.arange(0, {ROWS}, layout=S_ROWS)",
         "if EVEN:", f"    valid_{row} = gl.full([{ROWS}], 1, gl.int1, S_ROWS)", "else:",
         f"    valid_{row} = offs_{row} < {w.ext(row)}"] + w.blocks["prologue"] + m.bounds + w.blocks["init0"] + [
@@ -301,7 +305,7 @@ def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
         "mbarrier.wait(row_bar, 0)"]
     body = step + m.body + m.acc_lines + ["it += 1"]
     consumer += [f"for start in range(lo, hi, {lb}):"] + ["    " + x for x in body]
-    consumer += m.epilogue + ["tma.store_wait(pendings=0)"]
+    consumer += m.epilogue + ["tma.store_wait(pendings=0)"] + ["_count_done(done_ptr + pid_grid)"] * m.counted
     args = ", ".join(params + shared + consts)
     sig = ", ".join(params + shared + [f"{c}: gl.constexpr" for c in consts])
     top_sig = ", ".join(params + [f"{c}: gl.constexpr" for c in consts])
@@ -328,7 +332,7 @@ def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
         "    mbarrier.init(tile_bar.index(s), count=2)   # both consumers' rows of the accumulated tile",
         "fence_async_shared()",
         *start_partitions(name, args)]
-    src = (REDUCE_ADD + f"\n\n@gluon.jit\ndef {name}_producer({sig}):\n" + textwrap.indent("\n".join(producer), "    ")
+    src = (REDUCE_ADD + COUNT_HELPERS * m.counted + f"\n\n@gluon.jit\ndef {name}_producer({sig}):\n" + textwrap.indent("\n".join(producer), "    ")
            + f"\n\n\n@gluon.jit\ndef {name}_consumer({sig}, ME: gl.constexpr):\n"
            + textwrap.indent("\n".join(consumer), "    ")
            + f"\n\n\n{jit_decorator('gluon', grid_sizes(w, params) + ['GROUP'])}\ndef {name}_gluon_kernel({top_sig}):\n"
@@ -341,7 +345,9 @@ def gradient_launch(w: GradientWriter, m: GradientKernel, sched: Schedule, call_
     """Launcher lines running the Gluon gradient kernel (its arguments `call_args`) when the config asks for it
     on a Hopper GPU and every descriptor can be built; they open an if whose else runs the Triton kernel."""
     sizes = {w.block(sched.row): str(ROW_BLOCK), w.block(sched.loop): str(LOOP_BLOCK)}
-    lines = ["    gluon_descs = (None,)",
+    grid = " * ".join(w.ext(g) for g in sched.grid) or "1"
+    lines = [f"    done = _zeros(rec, ({grid},), torch.int32, device)   # threads done per grid index"] * m.counted
+    lines += ["    gluon_descs = (None,)",
              "    if cfg.get('BACKEND') == 'gluon' and device.type == 'cuda' and _hopper(device):"]
     k = m.added
     for param, tensor, shape in list(w.descriptors.values()) + [(ACC_DESC, f"out{k + 1}", m.acc_block)] + \
@@ -349,7 +355,6 @@ def gradient_launch(w: GradientWriter, m: GradientKernel, sched: Schedule, call_
         lines.append(f"        {param} = _gluon_descriptor({tensor}, [{', '.join(sizes.get(b, b) for b in shape)}])")
     names = [p for p, _, _ in w.descriptors.values()] + [ACC_DESC] + [p for p, _, _ in m.out_descs]
     kernel = f"{w.name}_gluon_kernel"
-    grid = " * ".join(w.ext(g) for g in sched.grid) or "1"
     tiles = f"-(-{w.ext(sched.row)} // {ROW_BLOCK}) * {grid}"
     blocks = f"{w.block(sched.row)!r}: {ROW_BLOCK}, {w.block(sched.loop)!r}: {LOOP_BLOCK}"
     return lines + [

@@ -18,12 +18,15 @@ from . import blocks, split_entry
 from .defaults import (COMBINE_CPU, COMBINE_GPU, CONTRACTION_LOOP_BLOCK, GLUON_CONFIG, SPLIT_KEYS,
                        VECTOR_ROWS_CONFIG, default_blocks, quick_config, whole_row_lines)
 from .gluon import WarpSpecialized, lists_suit_gluon, match_warp_specialized, render_warp_specialized
-from .gluon_gradients import GRADIENT_GLUON_CONFIG, GradientKernel, gradient_launch, match_gradients, render_gradients
+from .gluon_gradients import (GRADIENT_GLUON_CONFIG, ROW_BLOCK, GradientKernel, gradient_launch, match_gradients,
+                              render_gradients)
 from .gluon_writer import CONSUMERS, ROWS, GluonWriter
 from .kernel import KernelWriter, grid_sizes, jit_decorator
 from .index_guards import INDEX_HELPERS, data_guard_lines, guard_lines
 from .values import packed_helpers
 from .triton_kernel import kernel_source, outputs
+from .embedded import TORCH_DTYPE
+from .rounding import ROUND_KERNEL, output_lines, round_launch, rounded
 
 GLUON_IMPORTS = """from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -108,7 +111,6 @@ def forward({args}, *, config=None):
     return {result}
 {split_entry}'''
 
-TORCH_DTYPE = {d: f"torch.{name}" for d, name in ir.TORCH_NAMES.items()}
 
 
 def _switch_defaults(w: KernelWriter, gpu: dict, cpu: dict) -> None:
@@ -230,10 +232,11 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
     bucket; a bucket not measured on the GPU of a call takes the config measured on `tuned_for`."""
     sched, spec, plan_text = plan.schedule, plan.spec, plan.text()
     inputs = list(spec.inputs)
-    out_alloc, result = _output_lines(spec, sched.accumulated)
+    out_alloc, result = output_lines(spec, sched.accumulated)
     gpu, cpu = default_blocks(sched)
     helpers = gluon_imports = split_entry_src = ""
     if sched.split:
+        assert not rounded(spec, sched.accumulated), "a split loop's programs add into no output"
         kernels, w, launch, dims_used, combine_launch, cw = _split_parts(sched, plan.combine, name, out_alloc, gpu,
                                                                           cpu)
         twins = [(f"{name}_kernel", _length_params(w, w.params)),
@@ -276,7 +279,7 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
             [f"    cfg[{c!r}] = int(bool(cfg[{c!r}]) and {w.ext(sched.loop)} % cfg['BLOCK_{sched.loop.upper()}'] == 0)"
              for c in even] + _descriptor_lines(w, "cfg") + _launch(w, grid, "cfg")
         helpers += blocks.helpers_source(w)
-        matched, gw = match_warp_specialized(sched, name), None
+        matched, gw, gradient = match_warp_specialized(sched, name), None, None
         if isinstance(matched, WarpSpecialized):   # the Hopper kernel where it can run; the Triton one otherwise
             gsrc, gw = render_warp_specialized(matched)
             gpu.update(GLUON_CONFIG, **({"WS_ORDER": 1} if "ORDER" in gw.constexprs else {}))
@@ -293,6 +296,10 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
             launch = [out_alloc] + gluon_launch + [
                 "    else:", f"        cfg = {{k: v for k, v in cfg.items() if k not in {('BACKEND',) + GLUON_KEYS!r}}}"] + [
                 "    " + x for x in launch[1:]]
+        if rounded(spec, sched.accumulated):   # 16-bit outputs the programs add into: summed in fp32, rounded once
+            counted = isinstance(gradient, GradientKernel) and gradient.counted
+            kernels += "\n\n" + ROUND_KERNEL.format(name=name).strip()
+            launch += round_launch(name, spec, w, rounded(spec, sched.accumulated), counted, w.ext(sched.row), ROW_BLOCK)
 
     gpu.update({k: v for k, v in (tuned or {}).items() if k in gpu})
     tuned_table = {name: {b: {k: v for k, v in c.items() if k in gpu} for b, c in sorted(table.items())}
@@ -326,20 +333,6 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
         split_entry=split_entry_src.replace("@ARGS@", ", ".join(inputs)).replace("@DIMS@", dims or "    pass")
         .replace("@SIZES@", "\n".join(bound) or "    pass"),
     )
-
-
-def _output_lines(spec, accumulated: tuple[int, ...] = ()) -> tuple[str, str]:
-    """The launcher's allocation of every output (one string, for its place in the launch lines), and what
-    forward returns: the output, or a tuple of them in the spec's order. Outputs the programs add their
-    shares to (Schedule.accumulated) start at zero."""
-    lines = []
-    for k, (stem, axes, dtype, _) in enumerate(outputs(spec)):
-        shape = spec.output_shape if stem == "out" and spec.output_shape else [spec.extent(a) for a in axes]
-        dims = ", ".join(str(e) if isinstance(e, int) else e.name for e in shape)
-        alloc = "_zeros" if k - 1 in accumulated else "_empty"
-        lines.append(f"    {stem} = {alloc}(rec, ({dims}{',' if len(shape) == 1 else ''}), {TORCH_DTYPE[dtype]}, device)")
-    stems = [stem for stem, _, _, _ in outputs(spec)]
-    return "\n".join(lines), (stems[0] if len(stems) == 1 else f"({', '.join(stems)})")
 
 
 def _runtime_source() -> str:

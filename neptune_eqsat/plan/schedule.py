@@ -184,8 +184,9 @@ def _check_accumulated(sched: Schedule, o, t: Term) -> None:
         raise SpecError(f"{name} runs along {loop}, which the kernel of {spec.output_name} loops over: written at "
                         f"every block, each program adding its share, it must be linear in sums over {row} (the "
                         f"rows the programs divide), with nothing added outside them{hint}")
-    if o.dtype != "f32":
-        raise SpecError(f"{name} is accumulated across programs in fp32, not {o.dtype}")
+    if o.dtype not in ("f32", "f16", "bf16"):   # a 16-bit one is summed in an fp32 workspace, rounded once
+        raise SpecError(f"{name} is accumulated across programs in fp32 (and may be rounded to 16 bits once), "
+                        f"not in {o.dtype}")
 
 
 def _check_accumulated_passes(sched: Schedule) -> None:

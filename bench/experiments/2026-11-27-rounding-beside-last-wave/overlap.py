@@ -1,0 +1,43 @@
+"""When does the kernel rounding dQ's fp32 sums run, against the gradient kernel adding into them? One
+generated backward call's kernels on a timeline (torch profiler): each kernel's start and end relative to the
+gradient kernel's start, so that a rounding kernel launched as the gradient kernel's programmatic dependent
+shows starting before the gradient kernel ends; and each kernel's time over 10 calls.
+
+    PYTHONPATH=. python bench/experiments/2026-11-27-rounding-beside-last-wave/overlap.py MODULE [S] [--dtype bf16]
+                        [--heads 32] [--kv-heads 32]
+"""
+import argparse
+
+import torch
+
+from bench.suite.backward import load_module
+
+ap = argparse.ArgumentParser()
+ap.add_argument("module")
+ap.add_argument("S", type=int, nargs="?", default=4096)
+ap.add_argument("--dtype", default="bf16")
+ap.add_argument("--heads", type=int, default=32)
+ap.add_argument("--kv-heads", type=int, default=None)
+args = ap.parse_args()
+dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+module = load_module(args.module)
+q = torch.randn(1, args.heads, args.S, 128, device="cuda", dtype=dt)
+k, v = (torch.randn(1, args.kv_heads or args.heads, args.S, 128, device="cuda", dtype=dt) for _ in range(2))
+out, saved = module.forward_saved(q, k, v)
+grad = torch.randn_like(out)
+for _ in range(5):
+    module.backward(q, k, v, out=out, grad_out=grad, saved=saved)
+torch.cuda.synchronize()
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    for _ in range(10):
+        module.backward(q, k, v, out=out, grad_out=grad, saved=saved)
+    torch.cuda.synchronize()
+print(torch.cuda.get_device_name(), args.module, f"S={args.S}", args.dtype)
+print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                 key=lambda e: e.time_range.start)
+last = [n for n, e in enumerate(kernels) if "gluon_kernel" in e.name or "dv_dk" in e.name][-1]
+t0 = kernels[last].time_range.start
+print("the last call's kernels, us from the gradient kernel's start (start .. end):")
+for e in kernels[max(0, last - 4):last + 3]:
+    print(f"  {e.time_range.start - t0:9.1f} .. {e.time_range.end - t0:9.1f}  {e.name[:90]}")
