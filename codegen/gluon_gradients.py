@@ -31,7 +31,6 @@ from .gluon_waits import block_with_waits
 from .gluon_writer import GLUON_DTYPE, ROWS, NotEligible, matched_or_why, start_partitions
 from .kernel import grid_sizes, jit_decorator
 from .loops import grid_index_lines, pass_bounds, pass_table
-from .rounding import COUNTER_STRIDE, count_helpers, counted_layout
 from .triton_kernel import outputs
 from .values import Context, Val
 
@@ -69,7 +68,6 @@ class GradientKernel:
     half: int                  # columns of the accumulated output per consumer
     added: int                 # the further output the product adds into (ACC_DESC's)
     vector_params: list[str]   # the pointers and strides of the added outputs of a value per loop row
-    counted: bool = False      # a 16-bit accumulated output: programs count their threads done per grid index
 
 
 def match_gradients(sched: Schedule, name: str) -> GradientKernel | str:
@@ -157,8 +155,7 @@ def _match(sched: Schedule, name: str) -> GradientKernel:
     epilogue, out_descs = _epilogue(w, sched, reds)
     bounds = pass_bounds(w, 0, reds)
     kernel = GradientKernel(w, name, head, bounds, block_with_waits(w, w.blocks[blk], blk), acc_lines, epilogue,
-                            out_descs, acc_block, half, k, vector_params,
-                            o.dtype != "f32" and counted_layout(o, tuple(sched.grid), loop, col))
+                            out_descs, acc_block, half, k, vector_params)
     text = "\n".join(kernel.body + acc_lines + epilogue)
     if re.search(r"<(row|loop):", text):
         raise NotEligible("an input operand is read in arithmetic, not as it is")
@@ -262,14 +259,13 @@ def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
     for n in w.pointer_inputs:
         pointers += [f"{n}_ptr"] + [f"{n}_s{k}" for k in range(len(w.spec.inputs[n].shape))]
     params = row_ops + loop_ops + [ACC_DESC] + [d for d, _, _ in m.out_descs] + pointers + m.vector_params + \
-        ["done_ptr"] * m.counted + w.dims + ["GROUP"]
-    trigger = ["_launch_dependents()"] * m.counted   # the rounding kernel (rounding.py) may start
+        w.dims + ["GROUP"]
     shared = [f"{p}_smem" for p in row_ops + loop_ops] + ["tile_smem", "acc_smem", "row_bar", "ready", "empty",
                                                            "tile_bar", "done_bar"]
     consts = [rb, lb, "STAGES", "EVEN"]
     nbytes = (lambda ps: " + ".join(f"{p}.block_type.nbytes" for p in ps))
     coords = (lambda p, table: ", ".join(table[p][0]))
-    producer = trigger + m.head + m.bounds + [
+    producer = m.head + m.bounds + [
         f"mbarrier.expect(row_bar, {nbytes(row_ops)})",
         *[f"tma.async_copy_global_to_shared({p}, [{coords(p, w.row_operands)}], row_bar, {p}_smem)" for p in row_ops],
         f"for it in range(gl.cdiv(hi - lo, {lb})):",
@@ -294,7 +290,7 @@ def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
         "O_ROWS: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)",
         "O_COLS: gl.constexpr = gl.SliceLayout(0, O_LAYOUT)"]
     step = ["stage = it % STAGES", "mbarrier.wait(ready.index(stage), (it // STAGES) & 1)"]
-    consumer = layouts + trigger + m.head + [
+    consumer = layouts + m.head + [
         f"offs_{row} = i_lo + ME * {ROWS} + gl.arange(0, {ROWS}, layout=S_ROWS)",
         "if EVEN:", f"    valid_{row} = gl.full([{ROWS}], 1, gl.int1, S_ROWS)", "else:",
         f"    valid_{row} = offs_{row} < {w.ext(row)}"] + w.blocks["prologue"] + m.bounds + w.blocks["init0"] + [
@@ -306,8 +302,6 @@ def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
     body = step + m.body + m.acc_lines + ["it += 1"]
     consumer += [f"for start in range(lo, hi, {lb}):"] + ["    " + x for x in body]
     consumer += m.epilogue + ["tma.store_wait(pendings=0)"]
-    if m.counted:
-        consumer += _grid_index_again(m.head) + [f"_count_done(done_ptr + pid_grid_again * {COUNTER_STRIDE})"]
     args = ", ".join(params + shared + consts)
     sig = ", ".join(params + shared + [f"{c}: gl.constexpr" for c in consts])
     top_sig = ", ".join(params + [f"{c}: gl.constexpr" for c in consts])
@@ -334,8 +328,7 @@ def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
         "    mbarrier.init(tile_bar.index(s), count=2)   # both consumers' rows of the accumulated tile",
         "fence_async_shared()",
         *start_partitions(name, args)]
-    later_stores = sum(x.count("tma.async_copy_shared_to_global(") for x in m.epilogue)
-    src = (REDUCE_ADD + (count_helpers(later_stores) if m.counted else "") + f"\n\n@gluon.jit\ndef {name}_producer({sig}):\n" + textwrap.indent("\n".join(producer), "    ")
+    src = (REDUCE_ADD + f"\n\n@gluon.jit\ndef {name}_producer({sig}):\n" + textwrap.indent("\n".join(producer), "    ")
            + f"\n\n\n@gluon.jit\ndef {name}_consumer({sig}, ME: gl.constexpr):\n"
            + textwrap.indent("\n".join(consumer), "    ")
            + f"\n\n\n{jit_decorator('gluon', grid_sizes(w, params) + ['GROUP'])}\ndef {name}_gluon_kernel({top_sig}):\n"
@@ -344,26 +337,11 @@ def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
     return src, w
 
 
-def _grid_index_again(head: list[str]) -> list[str]:
-    """The program's grid index computed again at its end, from its id read again: kept from the start for the
-    count there, it held a register through the loop, and soft-cap's consumers, which spill, spilled 32 bytes
-    more (bf16, sm_90) and ran 17% slower on an H100."""
-    lines = ["program_again = _program_id_again()"]
-    for x in head:
-        if re.match(r"(first|members|pid_grid) = ", x):
-            x = x.split("   #")[0].replace("gl.program_id(0)", "program_again")
-            lines.append(re.sub(r"\b(first|members|pid_grid)\b", r"\1_again", x))
-    return lines
-
-
 def gradient_launch(w: GradientWriter, m: GradientKernel, sched: Schedule, call_args: str) -> list[str]:
     """Launcher lines running the Gluon gradient kernel (its arguments `call_args`) when the config asks for it
     on a Hopper GPU and every descriptor can be built; they open an if whose else runs the Triton kernel."""
     sizes = {w.block(sched.row): str(ROW_BLOCK), w.block(sched.loop): str(LOOP_BLOCK)}
-    grid = " * ".join(w.ext(g) for g in sched.grid) or "1"
-    lines = [f"    done = _zeros(rec, ({grid} * {COUNTER_STRIDE},), torch.int32, device)   # threads done per grid index"
-             ] * m.counted
-    lines += ["    gluon_descs = (None,)",
+    lines = ["    gluon_descs = (None,)",
              "    if cfg.get('BACKEND') == 'gluon' and device.type == 'cuda' and _hopper(device):"]
     k = m.added
     for param, tensor, shape in list(w.descriptors.values()) + [(ACC_DESC, f"out{k + 1}", m.acc_block)] + \
@@ -371,6 +349,7 @@ def gradient_launch(w: GradientWriter, m: GradientKernel, sched: Schedule, call_
         lines.append(f"        {param} = _gluon_descriptor({tensor}, [{', '.join(sizes.get(b, b) for b in shape)}])")
     names = [p for p, _, _ in w.descriptors.values()] + [ACC_DESC] + [p for p, _, _ in m.out_descs]
     kernel = f"{w.name}_gluon_kernel"
+    grid = " * ".join(w.ext(g) for g in sched.grid) or "1"
     tiles = f"-(-{w.ext(sched.row)} // {ROW_BLOCK}) * {grid}"
     blocks = f"{w.block(sched.row)!r}: {ROW_BLOCK}, {w.block(sched.loop)!r}: {LOOP_BLOCK}"
     return lines + [

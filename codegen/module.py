@@ -7,7 +7,6 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from neptune_eqsat import ir
 from neptune_eqsat.plan.combine import Combine
 from neptune_eqsat.plan.plan import Plan
 from neptune_eqsat.runtime import configs
@@ -18,13 +17,12 @@ from . import blocks, split_entry
 from .defaults import (COMBINE_CPU, COMBINE_GPU, CONTRACTION_LOOP_BLOCK, GLUON_CONFIG, SPLIT_KEYS,
                        VECTOR_ROWS_CONFIG, default_blocks, quick_config, whole_row_lines)
 from .gluon import WarpSpecialized, lists_suit_gluon, match_warp_specialized, render_warp_specialized
-from .gluon_gradients import (GRADIENT_GLUON_CONFIG, ROW_BLOCK, GradientKernel, gradient_launch, match_gradients,
-                              render_gradients)
+from .gluon_gradients import GRADIENT_GLUON_CONFIG, GradientKernel, gradient_launch, match_gradients, render_gradients
 from .gluon_writer import CONSUMERS, ROWS, GluonWriter
 from .kernel import KernelWriter, grid_sizes, jit_decorator
 from .index_guards import INDEX_HELPERS, data_guard_lines, guard_lines
 from .values import packed_helpers
-from .triton_kernel import kernel_source, outputs
+from .triton_kernel import kernel_source
 from .embedded import TORCH_DTYPE
 from .rounding import ROUND_KERNEL, output_lines, round_launch, rounded
 
@@ -110,7 +108,6 @@ def forward({args}, *, config=None):
         _keep_replay(key, rec.replay(device, {result}), stale_when)
     return {result}
 {split_entry}'''
-
 
 
 def _switch_defaults(w: KernelWriter, gpu: dict, cpu: dict) -> None:
@@ -279,7 +276,7 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
             [f"    cfg[{c!r}] = int(bool(cfg[{c!r}]) and {w.ext(sched.loop)} % cfg['BLOCK_{sched.loop.upper()}'] == 0)"
              for c in even] + _descriptor_lines(w, "cfg") + _launch(w, grid, "cfg")
         helpers += blocks.helpers_source(w)
-        matched, gw, gradient = match_warp_specialized(sched, name), None, None
+        matched, gw = match_warp_specialized(sched, name), None
         if isinstance(matched, WarpSpecialized):   # the Hopper kernel where it can run; the Triton one otherwise
             gsrc, gw = render_warp_specialized(matched)
             gpu.update(GLUON_CONFIG, **({"WS_ORDER": 1} if "ORDER" in gw.constexprs else {}))
@@ -297,9 +294,8 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
                 "    else:", f"        cfg = {{k: v for k, v in cfg.items() if k not in {('BACKEND',) + GLUON_KEYS!r}}}"] + [
                 "    " + x for x in launch[1:]]
         if rounded(spec, sched.accumulated):   # 16-bit outputs the programs add into: summed in fp32, rounded once
-            counted = isinstance(gradient, GradientKernel) and gradient.counted
             kernels += "\n\n" + ROUND_KERNEL.format(name=name).strip()
-            launch += round_launch(name, spec, w, rounded(spec, sched.accumulated), counted, w.ext(sched.row), ROW_BLOCK)
+            launch += round_launch(name, spec, w, rounded(spec, sched.accumulated))
 
     gpu.update({k: v for k, v in (tuned or {}).items() if k in gpu})
     tuned_table = {name: {b: {k: v for k, v in c.items() if k in gpu} for b, c in sorted(table.items())}

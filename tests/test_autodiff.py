@@ -248,14 +248,13 @@ def test_a_slopes_gradient_is_an_output_of_the_kernel_that_loops_over_its_keys()
 
 def test_atomic_backward_adds_dq_in_the_kernel_of_dk_and_dv():
     """With accumulate, dQ (a loop over the keys, rows over the queries) becomes a further output of the dK and
-    dV kernel (a loop over the queries, rows over the keys), added to in fp32 by each key block's program and
-    declared in q's dtype (q's whole gradient: rounded once by the kernel, codegen/rounding.py); the slope's
-    gradient, which joined dQ's kernel, comes along in fp32 (the host adds it into the slope's gradient)."""
+    dV kernel (a loop over the queries, rows over the keys), added to in fp32 by each key block's program; the
+    slope's gradient, which joined dQ's kernel, comes along."""
     bw = differentiate(attention_spec(slope=True), accumulate=True)
     assert len(bw.kernels) == 1
     kernel = bw.kernels[0]
     assert [p.input for p in kernel.parts] == ["v", "k", "q", "slope"]
-    assert [o.dtype for o in kernel.spec.also[1:]] == ["f16", "f32"]
+    assert [o.dtype for o in kernel.spec.also[1:]] == ["f32", "f32"]
     # dQ is added as a product's tile, the slope's gradient as a value per query row
     assert [(p.added, p.added_sum) for p in kernel.parts] == [(False, False)] * 2 + [(True, False), (True, True)]
     assert kernel.adds and kernel.adds_sums

@@ -246,10 +246,8 @@ def _sharing_loops(spec: Spec, parts: list[GradPart]) -> list[list[GradPart]]:
 
 def _accumulated(spec: Spec, groups: list[list[GradPart]]) -> list[list[GradPart]]:
     """Groups whose loop runs along another group's long output axis, and whose own long output axis is that
-    group's loop, joined to it as outputs it accumulates: the dQ kernel's parts into the dK and dV kernel's,
-    when the two loops cover the same pairs (i, j) and the outputs meet only there. The programs add in fp32; an
-    input's whole gradient keeps its input's dtype (the kernel rounds its fp32 sums once), the rest are written
-    in fp32 for the host to add up."""
+    group's loop, joined to it as outputs it accumulates (written in fp32): the dQ kernel's parts into the dK
+    and dV kernel's, when the two loops cover the same pairs (i, j) and the outputs meet only there."""
     out = [list(g) for g in groups]
     hosts: list[list[GradPart]] = []
     for g in sorted(out, key=len):   # the group with fewer outputs is the one added atomically
@@ -258,10 +256,8 @@ def _accumulated(spec: Spec, groups: list[list[GradPart]]) -> list[list[GradPart
         host = next((h for h in out if h is not g and h[0].loop not in (None, g[0].loop)
                      and _accumulable(spec, g, h)), None)
         if host is not None:
-            for p in g:
-                per_row = _value_per_row(p, host)
-                dtype = p.spec.output_dtype if p.as_is and not per_row else "f32"
-                host.append(replace(p, spec=replace(p.spec, output_dtype=dtype), added=True, added_sum=per_row))
+            host += [replace(p, spec=replace(p.spec, output_dtype="f32"), added=True,
+                             added_sum=_value_per_row(p, host)) for p in g]
             hosts.append(host)
             out = [h for h in out if h is not g]
     return out
