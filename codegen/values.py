@@ -41,10 +41,10 @@ PACKED_SOURCE = {
     "tl": '''
 @triton.jit
 def _packed_{dtype}_tl(x):
-    if PACKED_CONVERSIONS:
+    if PACKED_CONVERSIONS and tl.target_info.cuda_capability_geq(8):   # the GPU the kernel compiles for
         return tl.inline_asm_elementwise("cvt.rn.{ptx}.f32 $0, $2, $1;", "=r,r,r", [x], dtype=tl.{name},
                                          is_pure=True, pack=2)
-    else:   # Triton's interpreter runs no PTX, a GPU before sm_80 not this
+    else:   # Triton's interpreter runs no PTX, a GPU before sm_80 (or not NVIDIA's) not this
         return x.to(tl.{name})
 ''',
     "gl": '''
@@ -56,13 +56,14 @@ def _packed_{dtype}_gl(x):
 }
 
 
-# The packed conversions are PTX of sm_80 on: Triton kernels, which may run on any GPU, take them where every
-# GPU of the machine is an NVIDIA one of compute capability 8 or more (the Gluon kernels run on Hopper alone).
+# The packed conversions are PTX of sm_80 on: a Triton kernel, which may run on any GPU, takes them when it is
+# compiled for an NVIDIA GPU of compute capability 8 or more (Triton's target when it compiles, so that no
+# import asks torch for the GPUs' capability, which would initialize CUDA in the importing process: a process
+# that forks workers after importing a module could then use CUDA in none of them). The Gluon kernels run on
+# Hopper alone.
 PACKED_FLAG = '''
 
-PACKED_CONVERSIONS = tl.constexpr(not _INTERPRETED and torch.cuda.is_available() and torch.version.hip is None
-                                  and all(torch.cuda.get_device_capability(d)[0] >= 8
-                                          for d in range(torch.cuda.device_count())))
+PACKED_CONVERSIONS = tl.constexpr(not _INTERPRETED)
 '''
 
 

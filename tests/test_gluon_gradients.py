@@ -136,20 +136,53 @@ def test_a_tile_read_again_in_fp32_is_rounded_two_elements_at_a_time(dtype):
     assert "_packed_" not in optimize(spec).source
 
 
-@pytest.mark.parametrize("capability, hip, packed", [((9, 0), None, True), ((8, 0), None, True),
-                                                    ((7, 5), None, False), ((9, 0), "6.2", False)])
-def test_triton_kernels_pack_their_conversions_on_nvidia_gpus_of_sm_80_on(capability, hip, packed):
-    """The packed conversions are PTX of sm_80: a machine with an older GPU, or an AMD one, converts as Triton
-    does."""
-    import triton.language as tl
+@pytest.mark.parametrize("arch, packed", [(90, True), (80, True), (75, False)])
+def test_triton_kernels_pack_their_conversions_when_compiled_for_sm_80_on(arch, packed, monkeypatch, tmp_path):
+    """The packed conversions are PTX of sm_80: a kernel compiled for an older GPU converts as Triton does. The
+    choice is made when the kernel compiles, for the GPU Triton compiles for, so that importing a module asks
+    torch nothing about the GPUs (which would initialize CUDA in the importing process)."""
+    source = gradient_kernel(load_spec(str(SPECS / "softcap_pf.py")).retyped("bf16")).source
+    script = tmp_path / "packed.py"
+    script.write_text(PACKED_PTX)
+    module = tmp_path / "kernel.py"
+    module.write_text(source)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(script), str(module), str(arch)], capture_output=True, text=True,
+                         timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == [packed, False]
 
-    from neptune_eqsat.codegen.values import PACKED_FLAG
-    cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 2,
-                                 get_device_capability=lambda device: capability)
-    torch_like = types.SimpleNamespace(cuda=cuda, version=types.SimpleNamespace(hip=hip))
-    scope = {"tl": tl, "_INTERPRETED": False, "torch": torch_like}
-    exec(PACKED_FLAG, scope)
-    assert bool(scope["PACKED_CONVERSIONS"]) is packed
+
+PACKED_PTX = r'''
+import importlib.util, json, sys, types
+import torch
+# importing the module must not ask torch about the GPUs: on a machine with one, that initializes CUDA
+asked = []
+torch.cuda.is_available, torch.cuda.device_count = (lambda: True), (lambda: 1)
+torch.cuda.get_device_capability = lambda *a: asked.append(a) or (9, 0)
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+path, arch = sys.argv[1], int(sys.argv[2])
+spec = importlib.util.spec_from_file_location("generated", path)
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+target = GPUTarget("cuda", arch, 32)
+current_target = lambda: target   # the GPU this kernel is compiled for, as Triton finds it on that machine
+current_target.__triton_builtin__ = True
+tl.target_info.current_target = current_target
+
+
+@triton.jit
+def round_pairs(x_ptr, y_ptr):
+    offs = tl.arange(0, 16)[:, None] * 16 + tl.arange(0, 16)[None, :]
+    tl.store(y_ptr + offs, mod._packed_bf16_tl(tl.load(x_ptr + offs)))
+
+
+round_pairs.fn.__globals__["mod"] = mod
+compiled = triton.compile(ASTSource(round_pairs, {"x_ptr": "*fp32", "y_ptr": "*bf16"}), target=target)
+print(json.dumps(["cvt.rn.bf16x2.f32" in compiled.asm["ptx"], bool(asked)]))
+'''
 
 
 def program_order(source, row_blocks, grid, group):
