@@ -60,6 +60,36 @@ def generate(dtype: str, ops: list[str]) -> None:
             subprocess.run(cmd, check=True)
 
 
+def module_call(path, S: int, dtype: str, heads: int, kv_heads: int | None = None, warm: int = 5):
+    """A call of a generated backward module's backward(q, k, v, out=, grad_out=, saved=) on random inputs
+    (B = 1, D = 128), its forward_saved run once and the call run `warm` times; returns (module, call)."""
+    dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    module = load_module(path)
+    q = torch.randn(1, heads, S, D, device="cuda", dtype=dt)
+    k, v = (torch.randn(1, kv_heads or heads, S, D, device="cuda", dtype=dt) for _ in range(2))
+    out, saved = module.forward_saved(q, k, v)
+    grad = torch.randn_like(out)
+
+    def call():
+        return module.backward(q, k, v, out=out, grad_out=grad, saved=saved)
+    for _ in range(warm):
+        call()
+    torch.cuda.synchronize()
+    return module, call
+
+
+def profiled(call, label: str, calls: int = 10):
+    """`calls` calls under the torch profiler; prints the GPU, `label` and each kernel's time. Returns the
+    profiler (its events: the kernels on a timeline)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    print(torch.cuda.get_device_name(), label)
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+    return prof
+
+
 def grads_of(fn, inputs, grad):
     """A call running the backward of fn's graph (built once) with autograd.grad."""
     out = fn()

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from bench.suite.backward import load_module
+from bench.suite.backward import module_call
 
 ap = argparse.ArgumentParser()
 ap.add_argument("modules", nargs="+")
@@ -20,18 +20,9 @@ ap.add_argument("--dtype", default="bf16")
 ap.add_argument("--heads", type=int, default=32)
 ap.add_argument("--kv-heads", type=int, default=16)
 args = ap.parse_args()
-dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
 print(torch.cuda.get_device_name(), f"S={args.S}", args.dtype)
 for path in args.modules:
-    module = load_module(path)
-    q = torch.randn(1, args.heads, args.S, 128, device="cuda", dtype=dt)
-    k, v = (torch.randn(1, args.kv_heads, args.S, 128, device="cuda", dtype=dt) for _ in range(2))
-    out, saved = module.forward_saved(q, k, v)
-    grad = torch.randn_like(out)
-    call = lambda: module.backward(q, k, v, out=out, grad_out=grad, saved=saved)
-    for _ in range(20):
-        call()
-    torch.cuda.synchronize()
+    module, call = module_call(path, args.S, args.dtype, args.heads, args.kv_heads, warm=20)
     for kernels_module in module._MODULES.values():   # the background compiles of every kernel module
         kernels_module.wait_for_compiles()
     for _ in range(10):

@@ -11,7 +11,7 @@ import argparse
 
 import torch
 
-from bench.suite.backward import load_module
+from bench.suite.backward import module_call, profiled
 
 ap = argparse.ArgumentParser()
 ap.add_argument("module")
@@ -20,21 +20,8 @@ ap.add_argument("--dtype", default="bf16")
 ap.add_argument("--heads", type=int, default=32)
 ap.add_argument("--kv-heads", type=int, default=None)
 args = ap.parse_args()
-dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
-module = load_module(args.module)
-q = torch.randn(1, args.heads, args.S, 128, device="cuda", dtype=dt)
-k, v = (torch.randn(1, args.kv_heads or args.heads, args.S, 128, device="cuda", dtype=dt) for _ in range(2))
-out, saved = module.forward_saved(q, k, v)
-grad = torch.randn_like(out)
-for _ in range(5):
-    module.backward(q, k, v, out=out, grad_out=grad, saved=saved)
-torch.cuda.synchronize()
-with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-    for _ in range(10):
-        module.backward(q, k, v, out=out, grad_out=grad, saved=saved)
-    torch.cuda.synchronize()
-print(torch.cuda.get_device_name(), args.module, f"S={args.S}", args.dtype)
-print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+_, call = module_call(args.module, args.S, args.dtype, args.heads, args.kv_heads)
+prof = profiled(call, f"{args.module} S={args.S} {args.dtype}")
 kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
                  key=lambda e: e.time_range.start)
 last = [n for n, e in enumerate(kernels) if "gluon_kernel" in e.name or "dv_dk" in e.name][-1]
