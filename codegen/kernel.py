@@ -217,7 +217,10 @@ class KernelWriter(Loads, TileReductions):
             if c.dtype != "bool":   # a number as a condition (a bit operation's): true where nonzero
                 cond = f"({cond} != 0)"
             code = f"{self.lang}.where({cond}, {self.expand(a, axes)}, {self.expand(b, axes)})"
-            return Val(self.put(blk, code), axes, "f32")
+            # integers on both sides stay integers (where(p, 0, 0) is an int32 tile): labelled so, a float
+            # function of it converts it first
+            dt = a.dtype if a.dtype == b.dtype and a.dtype in ("int", "bool") else "f32"
+            return Val(self.put(blk, code), axes, dt)
         if op in ("red", "roll", "split"):
             if at[1] == self.loop:
                 if t not in self.state:

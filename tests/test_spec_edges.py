@@ -132,3 +132,18 @@ def test_a_label_read_under_a_where_is_left_to_it(tmp_path):
     x, target = torch.randn(7, 37), torch.tensor([-100, 2, 3, 0, -100, 36, -100])
     want = torch.nn.functional.cross_entropy(x, target, reduction="none", ignore_index=-100)
     assert (on_device(mod.forward, x, target) - want).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("fn", ["tanh", "exp", "sqrt"])
+def test_a_float_function_of_a_where_between_integers(tmp_path, fn):
+    """where(p, 2.0 - 2.0, 2.0 - 2.0) folds to where(p, 0, 0), an int32 tile in the kernel: it was labelled fp32,
+    so tanh (as a base-2 logistic), exp and sqrt of it reached Triton's float functions with an integer tile (a
+    random spec found it)."""
+    body = ("B, S = spec.dims(B=1, S=1024)\nb, i, j, d = spec.axes(b=B, i=S, j=S, d=16)\n"
+            "q = spec.input('q', f16, B, S, 16)\nk = spec.input('k', f16, B, S, 16)\n"
+            f"s = sum(d, q[b, i, d] * k[b, j, d]) / 4 + {fn}(where(i >= j + 2, (2.0 - 2.0), (2.0 - 2.0)))\n"
+            "s = where(i >= j + 3, s, -inf)\nm = max(j, s)\np = exp(s - where(m == -inf, 0, m))\n"
+            "spec.output('o', f32, sum(j, p) , b, i)\n")
+    path = write(tmp_path, f"where_between_integers_{fn}", body)
+    for seq in (1, 37):   # every row empty, and rows past the block
+        assert_close(path, {"B": 1, "S": seq}, seed=seq)
