@@ -293,9 +293,9 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
             launch = [out_alloc] + gluon_launch + [
                 "    else:", f"        cfg = {{k: v for k, v in cfg.items() if k not in {('BACKEND',) + GLUON_KEYS!r}}}"] + [
                 "    " + x for x in launch[1:]]
-        if rounded(spec, sched.accumulated):   # 16-bit outputs the programs add into: summed in fp32, rounded once
+        if ks := rounded(spec, sched.accumulated):   # 16-bit outputs the programs add into: rounded once
             kernels += "\n\n" + ROUND_KERNEL.format(name=name).strip()
-            launch += round_launch(name, spec, w, rounded(spec, sched.accumulated))
+            launch += round_launch(name, spec, w, ks)
 
     gpu.update({k: v for k, v in (tuned or {}).items() if k in gpu})
     tuned_table = {name: {b: {k: v for k, v in c.items() if k in gpu} for b, c in sorted(table.items())}

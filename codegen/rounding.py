@@ -35,11 +35,11 @@ def output_lines(spec, accumulated: tuple[int, ...] = ()) -> tuple[str, str]:
     forward returns: the output, or a tuple of them in the spec's order. Outputs the programs add their
     shares to (Schedule.accumulated) start at zero; a 16-bit one is an fp32 workspace and the output it is
     rounded into."""
-    lines, stems = [], []
+    lines, stems, ks = [], [], rounded(spec, accumulated)
     for k, (stem, axes, dtype, _) in enumerate(outputs(spec)):
         shape = spec.output_shape if stem == "out" and spec.output_shape else [spec.extent(a) for a in axes]
         dims = ", ".join(str(e) if isinstance(e, int) else e.name for e in shape) + ("," if len(shape) == 1 else "")
-        if k - 1 in rounded(spec, accumulated):
+        if k - 1 in ks:
             lines += [f"    {stem} = _zeros(rec, ({dims}), torch.float32, device)   # the programs' sums, rounded into:",
                       f"    {stem}_rounded = _empty(rec, ({dims}), {TORCH_DTYPE[dtype]}, device)"]
             stems.append(f"{stem}_rounded")

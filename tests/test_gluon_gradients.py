@@ -137,7 +137,7 @@ def test_a_tile_read_again_in_fp32_is_rounded_two_elements_at_a_time(dtype):
 
 
 @pytest.mark.parametrize("arch, packed", [(90, True), (80, True), (75, False)])
-def test_triton_kernels_pack_their_conversions_when_compiled_for_sm_80_on(arch, packed, monkeypatch, tmp_path):
+def test_triton_kernels_pack_their_conversions_when_compiled_for_sm_80_on(arch, packed, tmp_path):
     """The packed conversions are PTX of sm_80: a kernel compiled for an older GPU converts as Triton does. The
     choice is made when the kernel compiles, for the GPU Triton compiles for, so that importing a module asks
     torch nothing about the GPUs (which would initialize CUDA in the importing process)."""
@@ -154,7 +154,7 @@ def test_triton_kernels_pack_their_conversions_when_compiled_for_sm_80_on(arch, 
 
 
 PACKED_PTX = r'''
-import importlib.util, json, sys, types
+import importlib.util, json, sys
 import torch
 # importing the module must not ask torch about the GPUs: on a machine with one, that initializes CUDA
 asked = []
