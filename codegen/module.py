@@ -44,6 +44,7 @@ Plan:
 {plan}
 """
 import concurrent.futures
+import dataclasses
 import functools
 import math
 import os

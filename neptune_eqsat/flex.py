@@ -172,8 +172,8 @@ def run_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ou
     grads = backward.grads(_named_inputs(query, key, value, captures), out, grad.contiguous(),
                            by_term)   # each kernel run by run_kernels
     # a capture the kernels read converted (float64 read as fp32) gets its gradient in its own dtype and place
-    return [grads[n].to(device=t.device, dtype=t.dtype) for n, t in zip(names, _wrt_tensors(query, key, value,
-                                                                                            captures, wrt))]
+    return [g if g.dtype == t.dtype and g.device == t.device else g.to(device=t.device, dtype=t.dtype)
+            for g, t in zip((grads[n] for n in names), _wrt_tensors(query, key, value, captures, wrt))]
 
 
 backward_op = torch.library.custom_op("neptune_eqsat::flex_attention_backward", run_backward, mutates_args=())
@@ -199,7 +199,9 @@ def _setup_backward(ctx, inputs, output) -> None:
     ctx.save_for_backward(query, key, value, out, *saved, *captures)
 
 
-def _backward(ctx, grad):
+def _backward(ctx, grad, run=backward_op):
+    """The gradients of a call's inputs, by `run` (the backward operator, or run_backward itself in eager mode):
+    (query, key, value, [captures], None)."""
     if isinstance(grad, (list, tuple)):   # the training operator's: only its output carries a gradient
         grad = grad[0]
     query, key, value, out = ctx.saved_tensors[:4]
@@ -208,14 +210,31 @@ def _backward(ctx, grad):
     names = [n for n, want in zip(["q", "k", "v"] + [f"capture{k}" for k in range(len(captures))], ctx.wants)
              if want]
     if not names or grad is None:
-        return None, None, None, None, None
-    grads = dict(zip(names, backward_op(query, key, value, out, grad, captures, saved, ctx.plan, ",".join(names))))
+        return None, None, None, [None] * len(captures), None
+    grads = dict(zip(names, run(query, key, value, out, grad, captures, saved, ctx.plan, ",".join(names))))
     return (grads.get("q"), grads.get("k"), grads.get("v"),
             [grads.get(f"capture{k}") for k in range(len(captures))], None)
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_backward)
 train_op.register_autograd(_backward, setup_context=_setup_backward)
+
+
+class _EagerTraining(torch.autograd.Function):
+    """train_op and its backward for an eager training step, without the custom operators' dispatch: their
+    wrappers (argument flattening, the autograd and dynamo-disabled layers) cost about as much host time as
+    the rest of a call's Python. torch.compile traces the operators instead (_run)."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, plan, *captures):
+        out, *saved = run_train_plan(query, key, value, list(captures), plan)
+        _setup_backward(ctx, (query, key, value, list(captures), plan), [out, *saved])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        gq, gk, gv, gcaptures, _ = _backward(ctx, grad, run=run_backward)
+        return gq, gk, gv, None, *gcaptures
 
 
 @train_op.register_fake
@@ -296,7 +315,10 @@ def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
 def _run(query, key, value, plan):
     captures = _CAPTURES[plan]
     if _needs_grad(query, key, value, captures) and not plan.endswith(":lse"):
-        return train_op(query, key, value, captures, plan)[0]   # the forward writes what the backward reads
+        # the forward writes what the backward reads
+        if torch.compiler.is_compiling():
+            return train_op(query, key, value, captures, plan)[0]
+        return _EagerTraining.apply(query, key, value, plan, *captures)
     if torch.compiler.is_compiling() or _needs_grad(query, key, value, captures):
         return attention_op(query, key, value, captures, plan)   # one opaque node; differentiable
     return run_plan(query, key, value, captures, plan)   # eager: skip the operator's dispatch cost

@@ -45,12 +45,17 @@ def module_for(spec: Spec, interpret: bool) -> ModuleType:
     front end's cache, keyed by the spec itself). The key of a spec object is hashed once: a backward runs its
     specs at every call, where hashing their terms cost 0.15 ms a call (S = 4096 on an H100: 20% of the
     kernels' time)."""
+    return compiled_module(_key_of(spec), spec, interpret, spec_file=spec.name)
+
+
+def _key_of(spec: Spec) -> str:
+    """spec_key(spec), hashed once per spec object."""
     hit = _KEYS.get(id(spec))
     if hit is None or hit[0] is not spec:
         if len(_KEYS) > 4096:
             _KEYS.clear()
         hit = _KEYS[id(spec)] = (spec, spec_key(spec))
-    return compiled_module(hit[1], spec, interpret, spec_file=spec.name)
+    return hit[1]
 
 
 _KEYS: dict[int, tuple[Spec, str]] = {}   # id of a spec -> the spec (kept, so the id stays its own), its key
@@ -72,6 +77,7 @@ class CompiledBackward:
         self.spec = spec
         self.plan: Backward = differentiate(spec, wrt, accumulate)
         self._saved_at: dict[tuple, tuple] = {}
+        self._stages: dict[frozenset, list] = {}   # the tensors at hand -> the stages to run (kept: asked every call)
 
     def saved_values(self, saved: dict[Term, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The backward's saved stages among the forward's further outputs (keyed by their terms). Which of the
@@ -94,9 +100,13 @@ class CompiledBackward:
         tensors[bw.grad_name] = grad_out
         tensors[bw.out_name] = out
         tensors.update(self.saved_values(saved or {}))
-        for stage in bw.stages_to_run(frozenset(tensors)):
+        provided = frozenset(tensors)
+        stages = self._stages.get(provided)
+        if stages is None:
+            stages = self._stages[provided] = bw.stages_to_run(provided)
+        for stage in stages:
             tensors[stage.name] = run_spec(stage.spec, tensors)
-        sizes = bind_sizes(spec, inputs)
+        sizes = None   # bound when a part is scattered on the host
         result: dict[str, torch.Tensor] = {}
         for kernel in bw.kernels:
             gs = run_spec(kernel.spec, tensors)
@@ -113,6 +123,7 @@ class CompiledBackward:
                 acc = result.get(part.input)
                 if acc is None:
                     acc = result[part.input] = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+                sizes = sizes or bind_sizes(spec, inputs)
                 _accumulate(spec, part, g, acc, sizes, inputs)
         for n in bw.wrt:
             x = inputs[n]
@@ -183,14 +194,22 @@ class _SpecFunction(torch.autograd.Function):
         return (None, *(grads.get(n) for n in names))
 
 
-_DERIVED: dict[str, Backward] = {}   # spec key -> its derivation for every floating input (the saved values)
+_DERIVED: dict[str, tuple[Backward, Spec]] = {}   # spec key -> its derivation for every floating input (the
+                                                    # saved values) and the forward that writes them too
 _STAGED: set[str] = set()              # specs whose forward kernel cannot write the saved values too
 
 
 def _derivation(spec: Spec) -> Backward:
-    key = spec_key(spec)
+    return _derived(spec)[0]
+
+
+def _derived(spec: Spec) -> tuple[Backward, Spec]:
+    """The derivation of `spec` and its forward_spec, made once per spec: a training step asks for them at every
+    forward and backward call, and a forward_spec made again would be a new spec object to hash."""
+    key = _key_of(spec)
     if key not in _DERIVED:
-        _DERIVED[key] = differentiate(spec)
+        bw = differentiate(spec)
+        _DERIVED[key] = (bw, bw.forward_spec())
     return _DERIVED[key]
 
 
@@ -204,10 +223,10 @@ def forward_outputs(spec: Spec, inputs: dict[str, torch.Tensor]) -> tuple[torch.
     """The output and the values the backward saves (saved_terms' order), written by one forward kernel; for a
     spec that no one kernel runs with them beside its output (one planned as stages), the forward kernel and
     the backward's stages that compute them."""
-    bw, key = _derivation(spec), spec_key(spec)
+    (bw, training_spec), key = _derived(spec), _key_of(spec)
     if bw.saved and key not in _STAGED:
         try:
-            out, *extras = run_spec(bw.forward_spec(), inputs)
+            out, *extras = run_spec(training_spec, inputs)
             return out, extras
         except SpecError:
             _STAGED.add(key)

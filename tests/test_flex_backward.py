@@ -216,3 +216,31 @@ def test_the_training_forward_writes_what_the_backward_reads(monkeypatch):
     assert all(n.startswith(forward + "_") for n in backward), ran
     assert not any("saved" in n for n in backward), ran   # no stage computes the row max or sum again
     assert [n[len(forward) + 1:].rstrip("0123456789") for n in backward] == ["stat", "dv_dk", "dq"], ran
+
+
+def test_an_eager_training_step_hashes_no_spec_and_skips_the_operators(monkeypatch):
+    """After a first call, an eager training step's forward and backward hash no spec again (three hashes a
+    forward call before: its derivation, its key, and a forward_spec made again each call) and do not go
+    through the custom operators' dispatch (their wrappers cost as much host time as the rest of the call's
+    Python): the step is one autograd node of the API's own. torch.compile still traces the operators
+    (test_gradients_under_torch_compile_match_eager)."""
+    from neptune_eqsat import flex, training
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 11, 16, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
+    flex_attention(q, k, v, mask_mod=causal).sum().backward()   # the first call: derives and compiles
+    hashed = []
+    real_key = training.spec_key
+    monkeypatch.setattr(training, "spec_key", lambda spec: hashed.append(spec.name) or real_key(spec))
+
+    def no_operator(*args):
+        raise AssertionError("an eager call went through a custom operator")
+    monkeypatch.setattr(flex, "train_op", no_operator)
+    monkeypatch.setattr(flex, "backward_op", no_operator)
+    grads = []
+    for _ in range(2):
+        out = flex_attention(q, k, v, mask_mod=causal)
+        assert type(out.grad_fn).__name__.startswith("_EagerTraining"), out.grad_fn
+        grads.append(torch.autograd.grad(out.square().sum(), (q, k, v)))
+    assert hashed == []
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)

@@ -50,6 +50,22 @@ def test_replay_builds_each_calls_tensor_descriptors_around_its_tensors(monkeypa
     assert args[3] == 40 and args[4] == 1
 
 
+def test_a_replays_descriptors_equal_those_built_with_their_checks():
+    """A replay builds its inputs' descriptors without the constructor's checks (the call's signature already
+    guarantees what they test): the result must be the descriptor the constructor makes, field for field, for
+    Triton's descriptors and Gluon's (which also carry a shared-memory layout)."""
+    x = torch.randn(2, 3, 40, 16).transpose(1, 2).contiguous()
+    assert descriptors._UNCHECKED   # this Triton's descriptors are plain dataclasses: the fast build is taken
+    plain = descriptors._redescribe(x, [1, 1, 32, 16], None)
+    assert type(plain) is descriptors.TensorDescriptor
+    assert plain == descriptors.TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, 32, 16])
+    if descriptors.GluonDescriptor is not None:
+        layout = descriptors.gl.NVMMASharedLayout.get_default_for([1, 1, 32, 16], descriptors.gl.float32)
+        gluon = descriptors._redescribe(x, [1, 1, 32, 16], layout)
+        assert type(gluon) is descriptors.GluonDescriptor
+        assert gluon == descriptors.GluonDescriptor(x, list(x.shape), list(x.stride()), [1, 1, 32, 16], layout)
+
+
 def test_replay_of_a_kernel_with_several_outputs_returns_each_calls_outputs(monkeypatch):
     calls = []
     monkeypatch.setattr(launch, "_run", lambda compiled, grid, stream, args: calls.append(args))

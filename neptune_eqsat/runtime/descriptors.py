@@ -1,6 +1,7 @@
 """Tensor descriptors, copied into each generated module with launch.py: the copy engine (TMA, Hopper on)
 reads and writes a tensor in blocks through a descriptor built on the host; Gluon kernels take descriptors
 that also carry the shared-memory layout their blocks land in."""
+import dataclasses
 import functools
 
 import torch
@@ -52,12 +53,24 @@ def _gluon_descriptor(x, block):
 
 
 def _redescribe(x, block, layout):
-    if layout is None:
-        return TensorDescriptor(x, list(x.shape), list(x.stride()), block)
-    return GluonDescriptor(x, list(x.shape), list(x.stride()), block, layout)
+    """x described as a recorded launch described a tensor of the same signature (shape, strides, dtype and
+    16-byte alignment, what a descriptor's own checks test), built without those checks: a replay builds
+    every descriptor of its inputs again at each call, where the checks cost as much as the rest."""
+    cls = TensorDescriptor if layout is None else GluonDescriptor
+    if not _UNCHECKED:
+        return cls(x, list(x.shape), list(x.stride()), block, *(() if layout is None else (layout,)))
+    described = cls.__new__(cls)
+    described.__dict__.update(base=x, shape=list(x.shape), strides=list(x.stride()), block_shape=block,
+                              padding="zero")
+    if layout is not None:
+        described.layout = layout
+    return described
 
 
 _DESCRIPTORS = tuple(c for c in (TensorDescriptor, GluonDescriptor) if c is not None)
+# descriptors are plain dataclasses with these fields (a Triton where they are not is given the checked build)
+_UNCHECKED = all("__slots__" not in vars(c) and {f.name for f in dataclasses.fields(c)} <=
+                 {"base", "shape", "strides", "block_shape", "padding", "layout"} for c in _DESCRIPTORS)
 
 
 def _is_descriptor(a):
