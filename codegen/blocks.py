@@ -187,11 +187,20 @@ def kernel_lines(table: BlockTable, w) -> tuple[list[str], list[str], list[str],
             ranges[kind] = (f"{p}_{kind}_lo", f"{p}_{kind}_hi")
     partial = [f"for blk in range({', '.join(ranges['partial'])}):", f"    start = {L}.load({p}_at + 1 + blk) * {bj}"]
     full = [f"for blk in range({', '.join(ranges['full'])}):", f"    start = {L}.load({p}_at + n_kb + 2 + blk) * {bj}"]
-    (p_lo, p_hi), (f_lo, f_hi) = ranges["partial"], ranges["full"]
-    both = [f"for blk in range(0, ({p_hi}) - ({p_lo}) + ({f_hi}) - ({f_lo})):",
-            f"    start = {L}.load({L}.where(blk < ({p_hi}) - ({p_lo}), {p}_at + 1 + ({p_lo}) + blk, "
-            f"{p}_at + n_kb + 2 + ({f_lo}) + blk - (({p_hi}) - ({p_lo})))) * {bj}"]
-    return lines, partial, full, both
+    count, start = listed_blocks(table, w, ranges, "blk")
+    return lines, partial, full, [f"for blk in range(0, {count}):", f"    start = {start}"]
+
+
+def listed_blocks(table: BlockTable, w, ranges: dict | None = None, index: str = "blk") -> tuple[str, str]:
+    """Kernel code for the number of loop blocks a program visits over both lists (partial blocks first) and for
+    the first loop index of its block number `index` (kernel_lines' names; `ranges`: each list's share)."""
+    p, L, bj = table.param, w.lang, w.block(w.loop)
+    (p_lo, p_hi), (f_lo, f_hi) = (ranges or {}).get("partial", ("0", f"{p}_partial")), \
+        (ranges or {}).get("full", ("0", f"{p}_full"))
+    count = f"({p_hi}) - ({p_lo}) + ({f_hi}) - ({f_lo})"
+    start = (f"{L}.load({L}.where({index} < ({p_hi}) - ({p_lo}), {p}_at + 1 + ({p_lo}) + {index}, "
+             f"{p}_at + n_kb + 2 + ({f_lo}) + {index} - (({p_hi}) - ({p_lo})))) * {bj}")
+    return count, start
 
 
 def block_counts(w) -> tuple[str, str]:

@@ -28,6 +28,7 @@ from neptune_eqsat.plan.schedule import Schedule
 
 from .gluon_gradient_writer import GradientWriter
 from .gluon_waits import block_with_waits
+from .blocks import block_counts, builder_call, kernel_lines, listed_blocks
 from .gluon_writer import GLUON_DTYPE, ROWS, NotEligible, matched_or_why, start_partitions
 from .kernel import grid_sizes, jit_decorator
 from .loops import grid_index_lines, pass_bounds, pass_table
@@ -68,6 +69,7 @@ class GradientKernel:
     half: int                  # columns of the accumulated output per consumer
     added: int                 # the further output the product adds into (ACC_DESC's)
     vector_params: list[str]   # the pointers and strides of the added outputs of a value per loop row
+    blocks: tuple[str, str]    # the number of loop blocks the row block visits, and block `it`'s first index
 
 
 def match_gradients(sched: Schedule, name: str) -> GradientKernel | str:
@@ -88,8 +90,7 @@ def _match(sched: Schedule, name: str) -> GradientKernel:
     w = GradientWriter(sched, name)
     row, loop = sched.row, sched.loop
     reds = sched.in_pass(0)
-    if pass_table(w, 0, reds) is not None:
-        raise NotEligible("a mask whose key blocks are listed at run time")
+    table = pass_table(w, 0, reds)   # a mask whose loop blocks are listed per row block at run time (blocks.py)
     grid_tiles = " * ".join(w.ext(g) for g in sched.grid) or "1"
     row_blocks = f"gl.cdiv({w.ext(row)}, {w.block(row)})"
     # Programs take GROUP grid indices at a time, one row block after another across the group (the launcher's
@@ -102,6 +103,14 @@ def _match(sched: Schedule, name: str) -> GradientKernel:
             f"members = gl.minimum(GROUP, {grid_tiles} - first)",
             f"pid_row = (gl.program_id(0) - first * {row_blocks}) // members",
             f"pid_grid = first + (gl.program_id(0) - first * {row_blocks}) % members"]
+    if table is not None:   # ORDER 2 (a listed mask whose work a few row blocks hold, the launcher's choice):
+        # every grid index's heaviest row block first, in the table's order of work (global tokens: GROUP order
+        # started the last heads' rows that see every key in the last wave, 1.2x slower at S = 16384)
+        n_kb, n_rb = block_counts(w)
+        entries = " * ".join([w.ext(g) for g in table.grid_axes] + [n_rb])
+        head = ["if ORDER == 2:", f"    pid_grid = gl.program_id(0) % ({grid_tiles})",
+                f"    pid_row = gl.load({table.param}_ptr + ({entries}) * (2 * {n_kb} + 2) + "
+                f"gl.program_id(0) // ({grid_tiles}))", "else:"] + ["    " + x for x in head]
     head += grid_index_lines(w, sched)
     head += [f"i_lo = pid_row * {w.block(row)}", f"i_hi = gl.minimum(i_lo + {w.block(row)}, {w.ext(row)}) - 1"]
 
@@ -153,9 +162,12 @@ def _match(sched: Schedule, name: str) -> GradientKernel:
     coords = [a if a in sched.grid else "start" if a == loop else f"ME * {half}" for a in o.axes]
     acc_lines.append(f"tma_reduce_add({ACC_DESC}, [{', '.join(coords)}], acc_smem.index(ME))")
     epilogue, out_descs = _epilogue(w, sched, reds)
-    bounds = pass_bounds(w, 0, reds)
+    if table is None:
+        bounds, blocks = pass_bounds(w, 0, reds), (f"gl.cdiv(hi - lo, {w.block(loop)})", f"lo + it * {w.block(loop)}")
+    else:   # the listed blocks, partial and full alike, each tested against the mask (one body: see above)
+        bounds, blocks = kernel_lines(table, w)[0], listed_blocks(table, w, index="it")
     kernel = GradientKernel(w, name, head, bounds, block_with_waits(w, w.blocks[blk], blk), acc_lines, epilogue,
-                            out_descs, acc_block, half, k, vector_params)
+                            out_descs, acc_block, half, k, vector_params, blocks)
     text = "\n".join(kernel.body + acc_lines + epilogue)
     if re.search(r"<(row|loop):", text):
         raise NotEligible("an input operand is read in arithmetic, not as it is")
@@ -259,17 +271,17 @@ def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
     for n in w.pointer_inputs:
         pointers += [f"{n}_ptr"] + [f"{n}_s{k}" for k in range(len(w.spec.inputs[n].shape))]
     params = row_ops + loop_ops + [ACC_DESC] + [d for d, _, _ in m.out_descs] + pointers + m.vector_params + \
-        w.dims + ["GROUP"]
+        [f"{t.param}_ptr" for t in w.tables.values()] + w.dims + ["GROUP"]
     shared = [f"{p}_smem" for p in row_ops + loop_ops] + ["tile_smem", "acc_smem", "row_bar", "ready", "empty",
                                                            "tile_bar", "done_bar"]
-    consts = [rb, lb, "STAGES", "EVEN"]
+    consts = [rb, lb, "STAGES", "EVEN"] + (["ORDER"] if w.tables else [])
     nbytes = (lambda ps: " + ".join(f"{p}.block_type.nbytes" for p in ps))
     coords = (lambda p, table: ", ".join(table[p][0]))
     producer = m.head + m.bounds + [
         f"mbarrier.expect(row_bar, {nbytes(row_ops)})",
         *[f"tma.async_copy_global_to_shared({p}, [{coords(p, w.row_operands)}], row_bar, {p}_smem)" for p in row_ops],
-        f"for it in range(gl.cdiv(hi - lo, {lb})):",
-        f"    start = lo + it * {lb}",
+        f"for it in range({m.blocks[0]}):",
+        f"    start = {m.blocks[1]}",
         "    stage = it % STAGES",
         "    mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1)   # a fresh barrier passes parity 1",
         f"    mbarrier.expect(ready.index(stage), {nbytes(loop_ops)})",
@@ -297,10 +309,9 @@ def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
         f"zeros_s = gl.zeros([{ROWS}, {lb}], gl.float32, S_LAYOUT)",
         f"zeros_half = gl.zeros([{lb}, HALF], gl.float32, H_LAYOUT)",
         f"acc_rows = acc_smem.index(ME).reshape([{lb}, HALF])",
-        "it = 0",
         "mbarrier.wait(row_bar, 0)"]
-    body = step + m.body + m.acc_lines + ["it += 1"]
-    consumer += [f"for start in range(lo, hi, {lb}):"] + ["    " + x for x in body]
+    body = step + m.body + m.acc_lines
+    consumer += [f"for it in range({m.blocks[0]}):", f"    start = {m.blocks[1]}"] + ["    " + x for x in body]
     consumer += m.epilogue + ["tma.store_wait(pendings=0)"]
     args = ", ".join(params + shared + consts)
     sig = ", ".join(params + shared + [f"{c}: gl.constexpr" for c in consts])
@@ -360,6 +371,9 @@ def gradient_launch(w: GradientWriter, m: GradientKernel, sched: Schedule, call_
         f"        GROUP = _group_size(cfg['WS_ORDER'], -(-{w.ext(sched.row)} // {ROW_BLOCK}), {grid}, device)",
         f"        gluon_cfg['EVEN'] = int({w.ext(sched.row)} % {ROW_BLOCK} == 0 and "
         f"{w.ext(sched.loop)} % {LOOP_BLOCK} == 0)",
+        *["    " + builder_call(t, w, "gluon_cfg") for t in w.tables.values()],
+        *([f"        gluon_cfg['ORDER'] = 2 if {' or '.join(t.param + '_skewed' for t in w.tables.values())} else 0"]
+          if w.tables else []),
         f"        gluon_args = ({call_args},)",
         f"        gluon_consts = tuple(gluon_cfg[c] for c in {tuple(w.constexprs)!r})",
         f"        use_gluon = _gluon_ready({kernel}, gluon_args, gluon_cfg, gluon_consts, config)",

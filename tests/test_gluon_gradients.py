@@ -292,3 +292,63 @@ def test_the_gluon_gradients_match_float64_on_hopper(causal, S, monkeypatch):
     for (n, r), x in zip(ref.items(), xs):
         scale = max(1.0, r.grad.abs().max().item())
         assert (x.grad.cpu().double() - r.grad).abs().max().item() / scale < 2e-2, n
+
+
+def listed_mask_spec(mask: str, S: int = 256):
+    """Attention under a mask whose blocks are listed at run time, traced from a FlexAttention mask_mod:
+    "prefix" (positions only: the table is built once per sizes) or "documents" (a captured id per position:
+    the table is rebuilt from the ids at every call)."""
+    from neptune_eqsat import flex
+    doc = torch.arange(S, dtype=torch.int32) // 100
+    mods = {"prefix": lambda b, h, i, j: (j < 64) | (i >= j),
+            "documents": lambda b, h, i, j: (doc[i] == doc[j]) & (i >= j)}
+    q = torch.empty(1, 4, S, 128, dtype=torch.bfloat16)
+    return flex.trace(None, mods[mask], flex._problem(q, q, q, None, False))[0]
+
+
+@pytest.mark.parametrize("mask", ["prefix", "documents"])
+def test_a_listed_mask_gets_the_gluon_gradient_kernel_walking_its_lists(mask, tmp_path):
+    """Masks classified per block at run time (prefix-LM, documents: their blocks are listed, not bounded) get
+    the one-pass Gluon kernel too (before: the two passes, 0.68-1.0x FlexAttention's backward at S = 4096 and
+    16384 on an H100). Its producer and consumers walk the row block's lists, built by the launcher for the
+    Gluon kernel's blocks (128 rows, 64 loop rows); it compiles for Hopper with either program order."""
+    result = gradient_kernel(listed_mask_spec(mask))
+    src = result.source
+    assert f"def {result.spec.name}_gluon_kernel(" in src and "'BACKEND': 'gluon'" in src
+    assert src.count("for it in range((blocks0_partial) - (0) + (blocks0_full) - (0)):") == 2
+    assert "_block_table(rec, " in src and "(gluon_cfg['BLOCK_J'], gluon_cfg['BLOCK_I'], device" in src
+    assert "gluon_cfg['ORDER'] = 2 if blocks0_skewed else 0" in src
+    path = tmp_path / "kernel.py"
+    path.write_text(src)
+    blocks = {param: ("fp32" if tensor == "out2" else "bf16", [int(b) for b in block.split(", ")])
+              for param, tensor, block in re.findall(r"(\w+) = _gluon_descriptor\((\w+), \[([\d, ]+)\]\)", src)}
+    script = tmp_path / "ptx.py"
+    script.write_text(HOPPER_PTX.replace('"EVEN": 1}', '"EVEN": 1, "ORDER": int(sys.argv[3])}').replace(
+        'lambda name: "*fp32"', 'lambda name: "*i32" if name in ("blocks0_ptr", "capture0_ptr") else "*fp32"'))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    for order in (0, 2):
+        run = subprocess.run([sys.executable, str(script), str(path), json.dumps(blocks), str(order)],
+                             capture_output=True, text=True, timeout=600, env=env)
+        assert run.returncode == 0, run.stderr[-3000:]
+        warps, has_wgmma, reduces, _, _ = json.loads(run.stdout.strip().splitlines()[-1])
+        assert warps == 12 and has_wgmma and reduces >= 1
+
+
+def test_a_skewed_listed_mask_starts_every_grid_indexs_heaviest_row_block_first():
+    """ORDER 2 (the launcher's choice where a few row blocks hold most of the work, global tokens): program p
+    takes grid index p % grid and the (p // grid)-th row block of the table's order, so every head's row that
+    sees every key starts in the first wave (in GROUP order the last heads' started in the last one)."""
+    source = gradient_kernel(listed_mask_spec("prefix")).source
+    head = source[source.index("    if ORDER == 2:"):]
+    head = textwrap.dedent(head[:head.index("    h = ")])
+    rows, grid, n_kb = 2, 4, 4   # S = 256: 2 row blocks of 128 keys, 4 loop blocks of 64 queries, 4 heads
+    table = [0] * (rows * (2 * n_kb + 2)) + [1, 0]   # the lists (unread here), then the order: row block 1 first
+    order = []
+    for pid in range(rows * grid):
+        gl = types.SimpleNamespace(program_id=lambda axis, pid=pid: pid, load=lambda at: table[at],
+                                   minimum=min, cdiv=lambda a, b: -(-a // b))
+        env = {"gl": gl, "S": 256, "L": 256, "B": 1, "BLOCK_J": 128, "BLOCK_I": 64, "GROUP": 1, "ORDER": 2,
+               "blocks0_ptr": 0}
+        exec(head, env)
+        order.append((env["pid_row"], env["pid_grid"]))
+    assert order == [(1, g) for g in range(grid)] + [(0, g) for g in range(grid)]

@@ -3,7 +3,8 @@
     python -m bench.suite.masks [--seqs 4096,16384] [--dtypes f16,bf16] [--masks NAME,...] [--heads 32] [--out DIR]
 
 For each mask (a mask_mod, sometimes with a score_mod or GQA), prefill at B = 1, D = 128, and decoding (1 and 4
-queries at the last positions, GQA 32/8) with the document mask:
+queries at the last positions, GQA 32/8) with the document mask; with --backward, the backward of the prefill
+masks (autograd.grad on the graph of one forward), gradients checked against float64 autograd:
 - `neptune`: neptune_eqsat.flex_attention with the callables, as a user calls it (its block lists come from the
   predicate: once per sizes for a mask of positions, at every call for one that reads a tensor);
 - `neptune_new_data`: the same with the mask's captured tensors written before every call (new data each batch);
@@ -12,7 +13,8 @@ queries at the last positions, GQA 32/8) with the document mask:
 - `flex_flash`: FlexAttention's FlashAttention-4 backend (kernel_options={"BACKEND": "FLASH"}), where installed.
 Every output is checked against float64 attention on a sample of rows and heads; each system is timed in
 --rounds rounds taken in turns (the median round is reported). Needs a CUDA GPU and the
-compiler (egglog) beside torch and triton. Writes masks.json, masks.md and masks.png (where matplotlib
+compiler (egglog) beside torch and triton, or a kernel cache filled for these masks and lengths on a machine
+with the compiler (`bench.tools.flex_cache --masks`, NEPTUNE_EQSAT_CACHE pointing at it). Writes masks.json, masks.md and masks.png (where matplotlib
 imports) to --out (default $OUT, else bench/results/<gpu>/<date>-masks).
 """
 from __future__ import annotations
@@ -158,6 +160,46 @@ def check(out, q, k, v, mask_mod, score_mod):
     return err, err <= tol and math.isfinite(err)
 
 
+def check_gradients(grads, q, k, v, mask_mod, score_mod, grad):
+    """Largest error of the gradients (dq, dk, dv) relative to their scale, against float64 autograd of the
+    plain math with FlexAttention's broadcasting of the callables: every query head of KV head 0 and that KV
+    head's dK and dV up to 4096 keys; beyond (where the reference would not fit), dQ of 256 sampled rows of
+    query head 0."""
+    from torch.nn.attention.flex_attention import _vmap_for_bhqkv
+    S, group = k.shape[2], q.shape[1] // k.shape[1]
+    full = S <= 4096
+    g = torch.Generator(device="cpu").manual_seed(2)
+    rows = (torch.arange(S) if full else torch.randperm(S, generator=g)[:256].sort().values).to(q.device)
+    kd, vd = (t.detach()[0, 0].double().requires_grad_() for t in (k, v))
+    b_ = torch.zeros(1, dtype=torch.int32, device=q.device)
+    kj = torch.arange(S, device=q.device, dtype=torch.int32)
+    errors = []
+
+    def error(got, want):
+        err = (got.double() - want).abs().max().item() / max(1.0, want.abs().max().item())
+        return err if math.isfinite(err) else math.inf
+    for h in range(group if full else 1):
+        qd = q.detach()[0, h, rows].double().requires_grad_()
+        h_ = torch.full((1,), h, dtype=torch.int32, device=q.device)
+        s = qd @ kd.T / math.sqrt(D)
+        if score_mod is not None:
+            s = _vmap_for_bhqkv(score_mod, prefix=(0,))(s[None, None], b_, h_, rows.to(torch.int32), kj)[0, 0]
+        keep = _vmap_for_bhqkv(mask_mod, prefix=())(b_, h_, rows.to(torch.int32), kj)[0, 0]
+        p = torch.softmax(s.masked_fill(~keep, -math.inf), -1).nan_to_num(0.0)
+        (p @ vd).backward(grad[0, h, rows].double())
+        errors.append(error(grads[0][0, h, rows], qd.grad))
+    if full:
+        errors += [error(grads[1][0, 0], kd.grad), error(grads[2][0, 0], vd.grad)]
+    err = max(errors)
+    return err, err <= (5e-2 if q.dtype == torch.bfloat16 else 1e-2)
+
+
+def backward_of(call, q, k, v, grad):
+    """The backward of call's graph (its forward run once), as autograd.grad on the kept graph."""
+    out = call()
+    return lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
+
+
 # ---- systems ----------------------------------------------------------------------------------------------------
 def neptune_call(q, k, v, mask_mod, score_mod):
     from neptune_eqsat import flex_attention
@@ -206,6 +248,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="timing rounds, the systems in turns; the median is kept")
     ap.add_argument("--out", default=None, help="default $OUT, else bench/results/<gpu>/<date>-masks")
     ap.add_argument("--replot", default="", help="only draw masks.png from DIR/masks.json")
+    ap.add_argument("--backward", action="store_true",
+                    help="time the backward (autograd.grad on the kept graph) of the prefill masks instead")
     a = ap.parse_args()
     if a.replot:
         print("wrote masks.png" if plot(json.loads((Path(a.replot) / "masks.json").read_text()), Path(a.replot))
@@ -224,22 +268,30 @@ def main():
         for S in map(int, a.seqs.split(",")):
             table = masks(S, device)
             for mask_name, (mask_mod, score_mod, hkv, *decode) in table.items():
-                if a.masks and mask_name not in a.masks.split(","):
+                if a.masks and mask_name not in a.masks.split(",") or a.backward and decode:
                     continue
                 g = torch.Generator(device=device).manual_seed(S)
                 q = torch.randn(1, a.heads, decode[0] if decode else S, D, device=device, dtype=dtype, generator=g)
                 k = torch.randn(1, hkv, S, D, device=device, dtype=dtype, generator=g)
                 v = torch.randn(1, hkv, S, D, device=device, dtype=dtype, generator=g)
-                row = {"gpu": name, "mask": mask_name, "S": S, "dtype": dt}
+                grad = torch.randn(q.shape, device=device, dtype=dtype, generator=g)
+                for t in (q, k, v) if a.backward else ():
+                    t.requires_grad_()
+                row = {"gpu": name, "mask": mask_name, "S": S, "dtype": dt, "backward": a.backward}
                 calls = {}
                 for system in a.systems.split(","):
                     try:
                         fn = SYSTEMS[system](q, k, v, mask_mod, score_mod)
+                        fn = backward_of(fn, q, k, v, grad) if a.backward else fn
                         t0 = time.perf_counter()
                         out = fn()
                         torch.cuda.synchronize()
                         first = time.perf_counter() - t0
-                        err, ok = check(out, q, k, v, mask_mod, score_mod)
+                        if system.startswith("neptune"):   # a first call's quick kernels give way to the tuned ones
+                            common.import_package().wait_for_compiles()
+                            out = fn()
+                        err, ok = (check_gradients(out, q, k, v, mask_mod, score_mod, grad) if a.backward
+                                   else check(out, q, k, v, mask_mod, score_mod))
                         del out
                         row[system] = {"ms": None, "err": err, "ok": ok, "first_s": round(first, 2), "rounds": []}
                         if ok:
@@ -274,7 +326,8 @@ def write(rows, systems, out_dir):
     (out_dir / "masks.json").write_text(json.dumps(rows, indent=1))
     head = "| mask | S | dtype | " + " | ".join(f"{s} ms" for s in systems) + \
         " | flex / neptune | per call / neptune | per call / neptune new data |"
-    lines = [f"GPU: {rows[0]['gpu']}", "", head, "|" + "---|" * (head.count("|") - 1)]
+    what = "backward (autograd.grad on the kept graph)" if rows[0].get("backward") else "forward"
+    lines = [f"GPU: {rows[0]['gpu']}; {what}", "", head, "|" + "---|" * (head.count("|") - 1)]
     ratios = {"flex": [], "flex_per_call": [], "flex_flash": [], "neptune_new_data": [],
               "flex_per_call / neptune_new_data": []}
     for r in rows:

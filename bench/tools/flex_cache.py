@@ -3,11 +3,15 @@ compiler (egglog), so that a GPU machine with only torch and triton runs `--syst
 
     NEPTUNE_EQSAT_CACHE=bench/flex_cache python -m bench.tools.flex_cache
     NEPTUNE_EQSAT_CACHE=bench/flex_cache python -m bench.tools.flex_cache --backward [--dtype bf16] [--ops ...]
+    NEPTUNE_EQSAT_CACHE=bench/flex_cache python -m bench.tools.flex_cache --masks [NAME,...] --seqs 4096,16384 \
+        [--dtype bf16]
 
 The cache key does not contain the sequence lengths: prefill and decode each need one kernel per operator.
 --backward fills what a training step of the prefill operators runs (the forward writing the row values, the
 backward's stages and gradient kernels) for both backwards a GPU may take, the one pass and the two passes
 (training.backward_for_device), by running the step under Triton's interpreter on short sequences.
+--masks fills a training step of bench.suite.masks' prefill masks at the given lengths (their traced specs hold
+lengths and tables of that size): the sources only, made without running a kernel.
 """
 import argparse
 import os
@@ -55,13 +59,49 @@ def training_kernels(dtype: torch.dtype, names: list[str], seq: int = 32) -> Non
             print(f"{name} {dtype} {'one pass' if one_pass else 'two passes'}: cached", flush=True)
 
 
+def mask_training_sources(names: list[str], seqs: list[int], dtype: torch.dtype, heads: int = 32) -> None:
+    """The modules a training step of each mask runs at each length, whichever backward the GPU takes: the
+    forward, the forward writing the saved values (or the stages computing them), and the stages and gradient
+    kernels of the one pass and of the two passes."""
+    from bench.suite.masks import masks
+    from neptune_eqsat.frontend.spec import SpecError
+
+    def fill(spec):
+        try:
+            compiled.cached_source(training.spec_key(spec), spec, spec_file=spec.name)
+        except SpecError as e:   # the API then takes another path (forward_outputs' stages)
+            print(f"  {spec.name}: {str(e).splitlines()[0][:120]}")
+    for S in seqs:
+        for name, (mask_mod, score_mod, hkv, *decode) in masks(S, "cpu").items():
+            if decode or (names and name not in names):
+                continue
+            q, k = torch.empty(1, heads, S, D, dtype=dtype), torch.empty(1, hkv, S, D, dtype=dtype)
+            problem = flex._problem(q, k, k, None, heads != hkv)
+            spec = flex.trace(score_mod, mask_mod, problem)[0]
+            compiled.cached_source(flex.plan_key(spec, problem), spec)
+            derived = training._derivation(spec)
+            for stage in derived.stages:
+                fill(stage.spec)
+            fill(derived.forward_spec())
+            for one_pass in (True, False):
+                plan = training.CompiledBackward(spec, ("q", "k", "v"), accumulate=one_pass).plan
+                for s in [st.spec for st in plan.stages] + [kernel.spec for kernel in plan.kernels]:
+                    fill(s)
+            print(f"{name} S={S} {dtype}: cached", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--backward", action="store_true", help="the prefill operators' training step")
     p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     p.add_argument("--ops", default=",".join(n for n, op in OPS.items() if op.mode == "prefill"))
+    p.add_argument("--masks", nargs="?", const="", default=None, help="bench.suite.masks' masks (all if none named)")
+    p.add_argument("--seqs", default="4096,16384")
     args = p.parse_args()
-    if args.backward:
+    if args.masks is not None:
+        mask_training_sources([n for n in args.masks.split(",") if n], [int(x) for x in args.seqs.split(",")],
+                              {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype])
+    elif args.backward:
         training_kernels({"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype], args.ops.split(","))
     else:
         forward_kernels()
