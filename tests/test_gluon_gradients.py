@@ -352,3 +352,28 @@ def test_a_skewed_listed_mask_starts_every_grid_indexs_heaviest_row_block_first(
         exec(head, env)
         order.append((env["pid_row"], env["pid_grid"]))
     assert order == [(1, g) for g in range(grid)] + [(0, g) for g in range(grid)]
+
+
+@pytest.mark.skipif(DEVICE != "cuda" or not torch.cuda.is_available()
+                    or torch.cuda.get_device_capability()[0] != 9, reason="the Gluon kernel runs on Hopper GPUs")
+@pytest.mark.parametrize("mask, S", [("prefix", 777), ("documents", 777), ("documents", 256)])
+def test_the_gluon_gradients_of_a_listed_mask_match_float64_on_hopper(mask, S, monkeypatch):
+    """A listed mask's one pass at lengths off the blocks (the bound tests beside the lists) and on them."""
+    monkeypatch.setenv("NEPTUNE_EQSAT_COMPILE_AHEAD", "0")   # the first call runs the Gluon kernel, not Triton's
+    from neptune_eqsat.frontend.reference import evaluate, random_inputs
+    from neptune_eqsat.training import Differentiable
+    spec = listed_mask_spec(mask, S)
+    inputs = random_inputs(spec, {"B": 1, "L": S, "S": S}, seed=5)
+    xs = [t.to("cuda").requires_grad_(t.is_floating_point()) for t in inputs.values()]
+    out = Differentiable(spec, deterministic=False)(*xs)
+    g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out.backward(g.to(out.dtype).to("cuda"))
+        torch.cuda.synchronize()
+    assert any("_gluon_kernel" in e.key for e in prof.key_averages())   # the Gluon kernel ran, not Triton's
+    ref = {n: t.detach().clone().requires_grad_(t.is_floating_point()) for n, t in inputs.items()}
+    evaluate(spec, ref, differentiable=True).backward(g)
+    for (n, r), x in zip(ref.items(), xs):
+        if r.is_floating_point():
+            scale = max(1.0, r.grad.abs().max().item())
+            assert (x.grad.cpu().double() - r.grad).abs().max().item() / scale < 5e-2, n
