@@ -204,9 +204,10 @@ def _backward(ctx, grad, run=backward_op):
     (query, key, value, [captures], None)."""
     if isinstance(grad, (list, tuple)):   # the training operator's: only its output carries a gradient
         grad = grad[0]
-    query, key, value, out = ctx.saved_tensors[:4]
-    saved = list(ctx.saved_tensors[4:4 + ctx.saved_count])
-    captures = list(ctx.saved_tensors[4 + ctx.saved_count:])
+    kept = ctx.saved_tensors   # once: activation checkpointing lets each saved tensor be unpacked once
+    query, key, value, out = kept[:4]
+    saved = list(kept[4:4 + ctx.saved_count])
+    captures = list(kept[4 + ctx.saved_count:])
     names = [n for n, want in zip(["q", "k", "v"] + [f"capture{k}" for k in range(len(captures))], ctx.wants)
              if want]
     if not names or grad is None:

@@ -184,7 +184,8 @@ class _SpecFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         n = len(ctx.names)
-        xs, out, extras = ctx.saved_tensors[:n], ctx.saved_tensors[n], ctx.saved_tensors[n + 1:]
+        kept = ctx.saved_tensors   # once: activation checkpointing lets each saved tensor be unpacked once
+        xs, out, extras = kept[:n], kept[n], kept[n + 1:]
         owner, names = ctx.owner, ctx.names
         wrt = tuple(n for n, x, need in zip(names, xs, ctx.needs_input_grad[1:]) if need)
         if not wrt:

@@ -244,3 +244,25 @@ def test_an_eager_training_step_hashes_no_spec_and_skips_the_operators(monkeypat
     assert hashed == []
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_gives_the_same_gradients(reentrant):
+    """Under torch.utils.checkpoint (the forward run again in the backward) the gradients of q, k, v and of a
+    learnable capture are those of the plain call. Before, the non-reentrant form (PyTorch's default) failed:
+    the backward unpacked its saved tensors three times, where checkpointing allows each one unpacking."""
+    from torch.utils.checkpoint import checkpoint
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 24, 16, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
+    bias = torch.randn(2, generator=g).to(DEVICE).requires_grad_()
+
+    def attend(q, k, v):
+        return flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: s + bias[h], mask_mod=causal)
+    grads = []
+    for run in (attend, lambda *xs: checkpoint(attend, *xs, use_reentrant=reentrant)):
+        run(q, k, v).square().sum().backward()
+        grads.append([t.grad.clone() for t in (q, k, v, bias)])
+        for t in (q, k, v, bias):
+            t.grad = None
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
