@@ -243,12 +243,26 @@ def _(query, key, value, captures, plan):
     from neptune_eqsat.training import saved_terms
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     score_mod, mask_mod, scale, enable_gqa, lse = _CALLABLES[plan]
-    problem = _problem(query, key, value, scale, enable_gqa, lse)
     with unset_fake_temporarily():   # the callables read their real captured tensors while they are traced
-        spec = trace(score_mod, mask_mod, problem)[0]
+        # under dynamic shapes a size is symbolic: the problem takes the traced example's (how many values the
+        # forward saves does not hang on the sizes)
+        shaped = [torch.empty([_size_hint(n) for n in t.shape], dtype=t.dtype, device="meta")
+                  for t in (query, key, value)]
+        spec = trace(score_mod, mask_mod, _problem(*shaped, scale, enable_gqa, lse))[0]
     rows = query.shape[:3]
     return [query.new_empty(*rows, value.shape[-1])] + \
         [query.new_empty(*rows, dtype=torch.float32) for _ in saved_terms(spec)]
+
+
+def _size_hint(n) -> int:
+    """A size as an int: a symbolic one's value in the example traced, read without adding a guard."""
+    if isinstance(n, int):
+        return n
+    try:
+        from torch.fx.experimental.symbolic_shapes import optimization_hint
+    except ImportError:   # an older torch: the size is read with a guard (compiled as that constant)
+        return int(n)
+    return int(optimization_hint(n))
 
 
 @attention_op.register_fake

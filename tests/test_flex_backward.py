@@ -266,3 +266,23 @@ def test_activation_checkpointing_gives_the_same_gradients(reentrant):
             t.grad = None
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+
+
+def test_gradients_under_torch_compile_with_dynamic_shapes():
+    """torch.compile(dynamic=True) with gradients wanted, over lengths that change (prefill to decode-shaped)
+    and a GQA ratio: the gradients are eager's. Before, the training operator's fake traced the callables with
+    symbolic head counts and failed ("axis h: extent must be an int or a Dim")."""
+    def loss(q, k, v):
+        return flex_attention(q, k, v, mask_mod=causal, enable_gqa=True).square().sum()
+    compiled = torch.compile(loss, dynamic=True)
+    g = torch.Generator().manual_seed(8)
+    for L, S in ((17, 17), (29, 29), (4, 31)):
+        q = torch.randn(1, 4, L, 16, generator=g).to(DEVICE).requires_grad_()
+        k, v = (torch.randn(1, 2, S, 16, generator=g).to(DEVICE).requires_grad_() for _ in range(2))
+        compiled(q, k, v).backward()
+        got = [t.grad.clone() for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        loss(q, k, v).backward()
+        for a, t in zip(got, (q, k, v)):
+            assert torch.allclose(a, t.grad, atol=1e-5, rtol=1e-5)
