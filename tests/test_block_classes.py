@@ -70,18 +70,7 @@ def conditions(depth: int):
                      sub.map(lambda a: ir.un("not", a)))
 
 
-_HEADER = """import concurrent.futures
-import functools
-import math
-import os
-import threading
-import types
-import weakref
-
-import torch
-import triton
-import triton.language as tl
-
+_HEADER = module.RUNTIME_IMPORTS + """
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 """
 
