@@ -308,10 +308,13 @@ def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
         f"    valid_{row} = offs_{row} < {w.ext(row)}"] + w.blocks["prologue"] + m.bounds + w.blocks["init0"] + [
         f"zeros_s = gl.zeros([{ROWS}, {lb}], gl.float32, S_LAYOUT)",
         f"zeros_half = gl.zeros([{lb}, HALF], gl.float32, H_LAYOUT)",
-        f"acc_rows = acc_smem.index(ME).reshape([{lb}, HALF])",
+        f"acc_rows = acc_smem.index(ME).reshape([{lb}, HALF])"] + ([] if w.tables else ["it = 0"]) + [
         "mbarrier.wait(row_bar, 0)"]
     body = step + m.body + m.acc_lines
-    consumer += [f"for it in range({m.blocks[0]}):", f"    start = {m.blocks[1]}"] + ["    " + x for x in body]
+    if w.tables:   # the listed blocks
+        consumer += [f"for it in range({m.blocks[0]}):", f"    start = {m.blocks[1]}"] + ["    " + x for x in body]
+    else:   # (the loop form the bounded masks' kernels were measured in)
+        consumer += [f"for start in range(lo, hi, {lb}):"] + ["    " + x for x in body + ["it += 1"]]
     consumer += m.epilogue + ["tma.store_wait(pendings=0)"]
     args = ", ".join(params + shared + consts)
     sig = ", ".join(params + shared + [f"{c}: gl.constexpr" for c in consts])
