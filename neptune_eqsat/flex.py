@@ -36,7 +36,21 @@ def plan_key(spec: Spec, problem: Problem) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-_CAPTURES: dict[str, list[torch.Tensor]] = {}
+class _Captured:
+    """Each plan's captured tensors, an attribute named by the plan. Under torch.compile a plan is made while the
+    graph is traced (_plan runs then; its result is a constant of the graph): dynamo reads an object's attribute
+    as it is when read, where a module-level dict it reads as it was at the graph's first lookup in it, without
+    the plans made later in the same graph (a second mask, the logsumexp's plan: a KeyError)."""
+
+
+_CAPTURED = _Captured()
+
+
+def captures_of(plan: str) -> list[torch.Tensor]:
+    """The tensors the callables of `plan` capture (the kernels' further inputs)."""
+    return getattr(_CAPTURED, plan)
+
+
 _CALLABLES: dict[str, tuple] = {}   # plan -> (score_mod, mask_mod, scale, enable_gqa)
 _VARIANTS: dict[tuple, _Compiled] = {}   # (plan, problem, interpreted) -> module and its index checks
 _PLAN_IDS = itertools.count()
@@ -297,7 +311,8 @@ def _plan(score_mod, mask_mod, scale, enable_gqa, lse=False) -> str:
     spec, captures = trace(score_mod, mask_mod, probe)
     # one per callables (their own captures); ":lse" tells the operator's fake output from the attention's
     name = f"{plan_key(spec, probe)}:{scale}:{enable_gqa}:{next(_PLAN_IDS)}" + (":lse" if lse else "")
-    _CAPTURES[name], _CALLABLES[name] = captures, (score_mod, mask_mod, scale, enable_gqa, lse)
+    setattr(_CAPTURED, name, captures)
+    _CALLABLES[name] = (score_mod, mask_mod, scale, enable_gqa, lse)
     _TRACED[memo] = ((_ref(score_mod), _ref(mask_mod)), name)
     if len(_TRACED) > 256:
         _TRACED.popitem(last=False)
@@ -328,7 +343,7 @@ def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
 
 
 def _run(query, key, value, plan):
-    captures = _CAPTURES[plan]
+    captures = captures_of(plan)
     if _needs_grad(query, key, value, captures) and not plan.endswith(":lse"):
         # the forward writes what the backward reads
         if torch.compiler.is_compiling():

@@ -22,8 +22,8 @@ def test_optimize_explain_writes_a_standalone_module(tmp_path):
         assert part in res.output
     text = out.read_text()
     imports = {line.split()[1] for line in text.splitlines() if line.startswith(("import ", "from "))}
-    assert imports <= {"concurrent.futures", "functools", "math", "os", "threading", "types", "weakref", "torch",
-                       "triton", "triton.language"}   # stdlib, torch, triton
+    assert imports <= {"concurrent.futures", "dataclasses", "functools", "math", "os", "threading", "types", "weakref",
+                       "torch", "triton", "triton.language"}   # stdlib, torch, triton
     spec = importlib.util.spec_from_file_location("softmax_kernel", out)
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
 

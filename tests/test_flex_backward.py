@@ -286,3 +286,30 @@ def test_gradients_under_torch_compile_with_dynamic_shapes():
         loss(q, k, v).backward()
         for a, t in zip(got, (q, k, v)):
             assert torch.allclose(a, t.grad, atol=1e-5, rtol=1e-5)
+
+
+def sliding(b, h, q_idx, kv_idx):
+    return (q_idx >= kv_idx) & (q_idx - kv_idx < 4)
+
+
+def test_one_compiled_graph_with_two_masks_and_the_logsumexp():
+    """torch.compile(fullgraph=True) of a function calling flex_attention with two masks (layers alternating a
+    sliding window and causal attention) and asking for the logsumexp: equal to eager, gradients too. Before,
+    the second plan made while the graph was traced was looked up in a dict dynamo had read at the first
+    lookup, and the compile failed with a KeyError."""
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(1, 2, 20, 16, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
+
+    def loss(q, k, v):
+        x = flex_attention(q, k, v, mask_mod=sliding)
+        out, lse = flex_attention(x, k, v, mask_mod=causal, return_lse=True)
+        return out.square().sum() + lse.sum()
+    results = []
+    for run in (torch.compile(loss, fullgraph=True), loss):   # compiled first: its plans are made while tracing
+        value = run(q, k, v)
+        value.backward()
+        results.append([value.detach()] + [t.grad.clone() for t in (q, k, v)])
+        for t in (q, k, v):
+            t.grad = None
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)

@@ -48,7 +48,7 @@ def host_layers(q, k, v, mask_mod, score_mod, calls):
     from neptune_eqsat.frontend.flex_trace import reads
     gqa = q.shape[1] != k.shape[1]
     plan = flex._plan(score_mod, mask_mod, None, gqa)
-    captures = flex._CAPTURES[plan]
+    captures = flex.captures_of(plan)
     compiled = flex._module_for(plan, q, k, v)
     inputs = [flex._as_kernel_input(c, q.device) for c in captures]
     layers = {
