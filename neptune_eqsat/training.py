@@ -290,6 +290,7 @@ class Differentiable:
             self._backwards[key] = CompiledBackward(self.spec, wrt, accumulate=not self.deterministic)
         return self._backwards[key]
 
+    @torch.compiler.disable   # a torch.compile'd caller runs it as it is (dynamo cannot trace the launches)
     def __call__(self, *xs: torch.Tensor) -> torch.Tensor:
         if len(xs) != len(self.spec.inputs):
             raise TypeError(f"{self.spec.name} takes {len(self.spec.inputs)} inputs "

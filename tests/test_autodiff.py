@@ -493,3 +493,18 @@ def test_a_differentiable_spec_under_activation_checkpointing():
         grads.append([x.grad for x in xs if x.requires_grad])
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+
+
+def test_a_differentiable_spec_inside_a_compiled_function():
+    """A torch.compile'd function calling a Differentiable spec runs it as it is (its kernels' launches are not
+    traced) and gets eager's gradients; before, dynamo traced into the launcher and failed."""
+    from conftest import SPECS
+    spec = load_spec(str(SPECS / "softmax.py"))
+    fn = Differentiable(spec)
+    x = torch.randn(7, 33, generator=torch.Generator().manual_seed(4)).requires_grad_()
+    grads = []
+    for run in (lambda x: fn(x).square().sum(), torch.compile(lambda x: fn(x).square().sum())):
+        run(x).backward()
+        grads.append(x.grad)
+        x.grad = None
+    assert torch.equal(*grads)
