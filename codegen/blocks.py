@@ -208,12 +208,14 @@ def block_counts(w) -> tuple[str, str]:
     return tuple(f"(({w.ext(a)} + {w.block(a)} - 1) // {w.block(a)})" for a in (w.loop, w.row))
 
 
-def order_code(table: BlockTable, w) -> str:
-    """The row block of the program whose rank is program axis {0}, read from the order after the lists (see
-    intervals._block_lists): after one list pair per row block of each grid value the predicate reads."""
-    n_kb, n_rb = block_counts(w)
+def order_code(table: BlockTable, w, rank: str | None = None, counts: tuple[str, str] | None = None) -> str:
+    """The row block of rank `rank` (default: program axis {0}'s id, a format field) in the order after the
+    lists (see intervals._block_lists): after one list pair per row block of each grid value the predicate
+    reads. `counts`: block_counts(w) as the kernel names its blocks, where it renames them."""
+    n_kb, n_rb = counts or block_counts(w)
     entries = " * ".join([w.ext(g) for g in table.grid_axes] + [n_rb])
-    return f"tl.load({table.param}_ptr + ({entries}) * (2 * {n_kb} + 2) + tl.program_id({{}}))"
+    rank = rank or f"{w.lang}.program_id({{}})"
+    return f"{w.lang}.load({table.param}_ptr + ({entries}) * (2 * {n_kb} + 2) + {rank})"
 
 
 def helpers_source(w) -> str:

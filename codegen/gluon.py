@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from neptune_eqsat.plan.schedule import Schedule
 
-from .blocks import block_counts, kernel_lines
+from .blocks import block_counts, kernel_lines, order_code
 from .gluon_writer import (CONSUMERS, GLUON_DTYPE, ROWS, GluonWriter, NotEligible, matched_or_why,
                            start_partitions)
 from .kernel import grid_sizes, jit_decorator
@@ -155,10 +155,9 @@ def _match(sched: Schedule, name: str) -> WarpSpecialized:
     if table is None:
         head = tile_lines(row_blocks, grid_tiles, tiles, ordered)
     else:   # row blocks in the table's order, most key blocks first, one grid index after another
-        n_kb, n_rb = (_gluon_blocks(x, w) for x in block_counts(w))
-        entries = " * ".join([w.ext(g) for g in table.grid_axes] + [n_rb])
+        counts = tuple(_gluon_blocks(x, w) for x in block_counts(w))
         head = ["tile = slot", f"pid_grid = tile // {row_blocks}",
-                f"pid_row = gl.load({table.param}_ptr + ({entries}) * (2 * {n_kb} + 2) + tile % {row_blocks})"]
+                f"pid_row = {order_code(table, w, f'tile % {row_blocks}', counts)}"]
     head += grid_index_lines(w, sched)
     head += ["i_lo = pid_row * BLOCK_I", f"i_hi = gl.minimum(i_lo + BLOCK_I, {w.ext(row)}) - 1"]
     rows = [f"offs_{row} = i_lo + ME * {ROWS} + gl.arange(0, {ROWS}, layout=S_ROWS)",

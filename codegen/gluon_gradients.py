@@ -28,7 +28,7 @@ from neptune_eqsat.plan.schedule import Schedule
 
 from .gluon_gradient_writer import GradientWriter
 from .gluon_waits import block_with_waits
-from .blocks import block_counts, builder_call, kernel_lines, listed_blocks
+from .blocks import builder_call, kernel_lines, listed_blocks, order_code
 from .gluon_writer import GLUON_DTYPE, ROWS, NotEligible, matched_or_why, start_partitions
 from .kernel import grid_sizes, jit_decorator
 from .loops import grid_index_lines, pass_bounds, pass_table
@@ -106,11 +106,9 @@ def _match(sched: Schedule, name: str) -> GradientKernel:
     if table is not None:   # ORDER 2 (a listed mask whose work a few row blocks hold, the launcher's choice):
         # every grid index's heaviest row block first, in the table's order of work (global tokens: GROUP order
         # started the last heads' rows that see every key in the last wave, 1.2x slower at S = 16384)
-        n_kb, n_rb = block_counts(w)
-        entries = " * ".join([w.ext(g) for g in table.grid_axes] + [n_rb])
         head = ["if ORDER == 2:", f"    pid_grid = gl.program_id(0) % ({grid_tiles})",
-                f"    pid_row = gl.load({table.param}_ptr + ({entries}) * (2 * {n_kb} + 2) + "
-                f"gl.program_id(0) // ({grid_tiles}))", "else:"] + ["    " + x for x in head]
+                f"    pid_row = {order_code(table, w, f'gl.program_id(0) // ({grid_tiles})')}",
+                "else:"] + ["    " + x for x in head]
     head += grid_index_lines(w, sched)
     head += [f"i_lo = pid_row * {w.block(row)}", f"i_hi = gl.minimum(i_lo + {w.block(row)}, {w.ext(row)}) - 1"]
 

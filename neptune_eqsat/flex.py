@@ -242,8 +242,9 @@ class _EagerTraining(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query, key, value, plan, *captures):
-        out, *saved = run_train_plan(query, key, value, list(captures), plan)
-        _setup_backward(ctx, (query, key, value, list(captures), plan), [out, *saved])
+        captures = list(captures)
+        out, *saved = run_train_plan(query, key, value, captures, plan)
+        _setup_backward(ctx, (query, key, value, captures, plan), [out, *saved])
         return out
 
     @staticmethod
