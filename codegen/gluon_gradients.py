@@ -31,7 +31,8 @@ from .gluon_waits import block_with_waits
 from .blocks import builder_call, kernel_lines, listed_blocks, order_code
 from .gluon_writer import GLUON_DTYPE, ROWS, NotEligible, matched_or_why, start_partitions
 from .kernel import grid_sizes, jit_decorator
-from .loops import grid_index_lines, pass_bounds, pass_table
+from . import gluon_split_tail as tail
+from .loops import grid_index_lines, mask_bounds, pass_bounds, pass_table
 from .triton_kernel import outputs
 from .values import Context, Val
 
@@ -63,13 +64,16 @@ class GradientKernel:
     bounds: list[str]          # the loop axis's range for the row block (mask bounds)
     body: list[str]            # a block's lines: its products issued, each waited for where first read
     acc_lines: list[str]       # the accumulated output's tile into shared memory, its product and add
-    epilogue: list[str]
+    epilogue: list[str]        # the outputs' values, once both consumers are past the loop
+    stores: list[str]          # and their stores
     out_descs: list            # (descriptor, tensor, block) of the outputs the consumers store
     acc_block: list[str]       # the block of the accumulated output's descriptor (ACC_DESC)
     half: int                  # columns of the accumulated output per consumer
     added: int                 # the further output the product adds into (ACC_DESC's)
     vector_params: list[str]   # the pointers and strides of the added outputs of a value per loop row
     blocks: tuple[str, str]    # the number of loop blocks the row block visits, and block `it`'s first index
+    split: tuple[str, str] | None   # (tiles, loop blocks a tile) where every tile is the same work: the last
+    #                                 wave's tiles are shared by every multiprocessor (gluon_split_tail.py)
 
 
 def match_gradients(sched: Schedule, name: str) -> GradientKernel | str:
@@ -159,14 +163,17 @@ def _match(sched: Schedule, name: str) -> GradientKernel:
     w.descriptors.pop((f"out{k + 1}", tuple(found[2])))
     coords = [a if a in sched.grid else "start" if a == loop else f"ME * {half}" for a in o.axes]
     acc_lines.append(f"tma_reduce_add({ACC_DESC}, [{', '.join(coords)}], acc_smem.index(ME))")
-    epilogue, out_descs = _epilogue(w, sched, reds)
+    epilogue, stores, out_descs = _epilogue(w, sched, reds)
+    bounds_read = mask_bounds(w, reds)
+    uniform = table is None and (bounds_read is None or (bounds_read.lo_any, bounds_read.hi_any) == ("0", w.ext(loop)))
+    split = (f"{row_blocks} * {grid_tiles}", f"gl.cdiv({w.ext(loop)}, {w.block(loop)})") if uniform else None
     if table is None:
         bounds, blocks = pass_bounds(w, 0, reds), (f"gl.cdiv(hi - lo, {w.block(loop)})", f"lo + it * {w.block(loop)}")
     else:   # the listed blocks, partial and full alike, each tested against the mask (one body: see above)
         bounds, blocks = kernel_lines(table, w)[0], listed_blocks(table, w, index="it")
     kernel = GradientKernel(w, name, head, bounds, block_with_waits(w, w.blocks[blk], blk), acc_lines, epilogue,
-                            out_descs, acc_block, half, k, vector_params, blocks)
-    text = "\n".join(kernel.body + acc_lines + epilogue)
+                            stores, out_descs, acc_block, half, k, vector_params, blocks, split)
+    text = "\n".join(kernel.body + acc_lines + epilogue + stores)
     if re.search(r"<(row|loop):", text):
         raise NotEligible("an input operand is read in arithmetic, not as it is")
     return kernel
@@ -219,19 +226,19 @@ def _accumulated_tile(w: GradientWriter, tile: Val, param: str) -> list[str]:
             "tma.store_wait(pendings=0)   # the last block's share has left acc_smem"]
 
 
-def _epilogue(w: GradientWriter, sched: Schedule, reds) -> tuple[list[str], list[tuple[str, str, list[str]]]]:
+def _epilogue(w: GradientWriter, sched: Schedule, reds) -> tuple[list[str], list[str], list[tuple]]:
     """The outputs other than the accumulated one, each leaving this consumer's rows through shared memory and
     the copy engine (pointer stores from registers hold a 64-bit address per element beside the states): once
     both consumers are done with the loop, consumer 0 takes the tile buffers and consumer 1 the accumulated
-    output's, 32 KB each, enough for 64 rows of 128 fp32 columns. Returns the lines and the outputs'
-    (descriptor, tensor, block)."""
+    output's, 32 KB each, enough for 64 rows of 128 fp32 columns. Returns the lines up to the stores, the stores
+    and the outputs' (descriptor, tensor, block)."""
     row = sched.row
     w.ctx = Context("epilogue", "epilogue", complete=set(reds), running=set())
     terms = sched.term.args if sched.term.op == "pack" else (sched.term,)
     lines = ["tma.store_wait(pendings=0)   # this consumer's adds have left acc_smem",
              "mbarrier.arrive(done_bar, count=1)",
              "mbarrier.wait(done_bar, 0)   # and the other's: no product or add reads tile_smem or acc_smem"]
-    descs = []
+    stores, descs = [], []
     for k, (stem, axes, dtype, index) in enumerate(outputs(sched.spec)):
         if k - 1 in sched.accumulated:
             continue
@@ -245,7 +252,7 @@ def _epilogue(w: GradientWriter, sched: Schedule, reds) -> tuple[list[str], list
         block = ["1"] * (len(axes) - 2) + [str(ROWS), w.ext(col)]
         descs.append((param, stem, block))
         coords = list(axes[:-2]) + [f"i_lo + ME * {ROWS}", "0"]
-        lines += ["tma.store_wait(pendings=0)   # the last output has left",
+        stores += ["tma.store_wait(pendings=0)   # the last output has left",
                   "if ME == 0:",
                   f"    out_tile = tile_smem._reinterpret({to}, [{', '.join(block)}], {param}.layout)",
                   "else:",
@@ -253,7 +260,7 @@ def _epilogue(w: GradientWriter, sched: Schedule, reds) -> tuple[list[str], list
                   f"out_tile.reshape([{ROWS}, {w.ext(col)}]).store({v.code}.to({to}))",
                   "fence_async_shared()",
                   f"tma.async_copy_shared_to_global({param}, [{', '.join(coords)}], out_tile)"]
-    return w.blocks["epilogue"] + lines, descs
+    return w.blocks["epilogue"] + lines, stores, descs
 
 
 def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
@@ -269,22 +276,26 @@ def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
     for n in w.pointer_inputs:
         pointers += [f"{n}_ptr"] + [f"{n}_s{k}" for k in range(len(w.spec.inputs[n].shape))]
     params = row_ops + loop_ops + [ACC_DESC] + [d for d, _, _ in m.out_descs] + pointers + m.vector_params + \
-        [f"{t.param}_ptr" for t in w.tables.values()] + w.dims + ["GROUP"]
+        [f"{t.param}_ptr" for t in w.tables.values()] + w.dims + ["GROUP"] + (tail.SPLIT_PARAMS if m.split else [])
     shared = [f"{p}_smem" for p in row_ops + loop_ops] + ["tile_smem", "acc_smem", "row_bar", "ready", "empty",
                                                            "tile_bar", "done_bar"]
     consts = [rb, lb, "STAGES", "EVEN"] + (["ORDER"] if w.tables else [])
     nbytes = (lambda ps: " + ".join(f"{p}.block_type.nbytes" for p in ps))
     coords = (lambda p, table: ", ".join(table[p][0]))
-    producer = m.head + m.bounds + [
-        f"mbarrier.expect(row_bar, {nbytes(row_ops)})",
-        *[f"tma.async_copy_global_to_shared({p}, [{coords(p, w.row_operands)}], row_bar, {p}_smem)" for p in row_ops],
-        f"for it in range({m.blocks[0]}):",
-        f"    start = {m.blocks[1]}",
-        "    stage = it % STAGES",
-        "    mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1)   # a fresh barrier passes parity 1",
-        f"    mbarrier.expect(ready.index(stage), {nbytes(loop_ops)})",
-        *[f"    tma.async_copy_global_to_shared({p}, [{coords(p, w.loop_operands)}], ready.index(stage), "
+    copy_rows = [f"mbarrier.expect(row_bar, {nbytes(row_ops)})", *[
+        f"tma.async_copy_global_to_shared({p}, [{coords(p, w.row_operands)}], row_bar, {p}_smem)" for p in row_ops]]
+    copy_block = [
+        "stage = it % STAGES",
+        "mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1)   # a fresh barrier passes parity 1",
+        f"mbarrier.expect(ready.index(stage), {nbytes(loop_ops)})",
+        *[f"tma.async_copy_global_to_shared({p}, [{coords(p, w.loop_operands)}], ready.index(stage), "
           f"{p}_smem.index(stage))" for p in loop_ops]]
+    loop = [f"for it in range({m.blocks[0]}):", f"    start = {m.blocks[1]}"]
+    head = m.head
+    if m.split:   # this program's piece (gluon_split_tail.py)
+        head = tail.piece_lines(m.split[1]) + tail.of_piece(m.head)
+        loop = ["for it in range(piece_hi - piece_lo):", f"    start = lo + (piece_lo + it) * {lb}"]
+    producer = head + m.bounds + copy_rows + loop + ["    " + x for x in copy_block]
     cols = next(iter(w.cols))
     layouts = [
         f"S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], "
@@ -300,20 +311,24 @@ def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
         "O_ROWS: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)",
         "O_COLS: gl.constexpr = gl.SliceLayout(0, O_LAYOUT)"]
     step = ["stage = it % STAGES", "mbarrier.wait(ready.index(stage), (it // STAGES) & 1)"]
-    consumer = layouts + m.head + [
-        f"offs_{row} = i_lo + ME * {ROWS} + gl.arange(0, {ROWS}, layout=S_ROWS)",
-        "if EVEN:", f"    valid_{row} = gl.full([{ROWS}], 1, gl.int1, S_ROWS)", "else:",
-        f"    valid_{row} = offs_{row} < {w.ext(row)}"] + w.blocks["prologue"] + m.bounds + w.blocks["init0"] + [
-        f"zeros_s = gl.zeros([{ROWS}, {lb}], gl.float32, S_LAYOUT)",
-        f"zeros_half = gl.zeros([{lb}, HALF], gl.float32, H_LAYOUT)",
-        f"acc_rows = acc_smem.index(ME).reshape([{lb}, HALF])"] + ([] if w.tables else ["it = 0"]) + [
-        "mbarrier.wait(row_bar, 0)"]
+    setup = [f"offs_{row} = i_lo + ME * {ROWS} + gl.arange(0, {ROWS}, layout=S_ROWS)",
+             "if EVEN:", f"    valid_{row} = gl.full([{ROWS}], 1, gl.int1, S_ROWS)", "else:",
+             f"    valid_{row} = offs_{row} < {w.ext(row)}"] + w.blocks["prologue"] + m.bounds + w.blocks["init0"]
+    zeros = [f"zeros_s = gl.zeros([{ROWS}, {lb}], gl.float32, S_LAYOUT)",
+             f"zeros_half = gl.zeros([{lb}, HALF], gl.float32, H_LAYOUT)",
+             f"acc_rows = acc_smem.index(ME).reshape([{lb}, HALF])"]
+    consumer = layouts + head + setup + zeros + ([] if w.tables else ["it = 0"]) + ["mbarrier.wait(row_bar, 0)"]
     body = step + m.body + m.acc_lines
-    if w.tables:   # the listed blocks
+    if m.split:
+        states = [w.state[r].code for r in sched.in_pass(0)]
+        consumer += [f"for start in range(lo + piece_lo * {lb}, lo + piece_hi * {lb}, {lb}):"] + \
+            ["    " + x for x in body + ["it += 1"]] + tail.share_lines(states, ROWS, cols) + m.epilogue + \
+            ["if piece_writes:"] + ["    " + x for x in m.stores]
+    elif w.tables:   # the listed blocks
         consumer += [f"for it in range({m.blocks[0]}):", f"    start = {m.blocks[1]}"] + ["    " + x for x in body]
     else:   # (the loop form the bounded masks' kernels were measured in)
         consumer += [f"for start in range(lo, hi, {lb}):"] + ["    " + x for x in body + ["it += 1"]]
-    consumer += m.epilogue + ["tma.store_wait(pendings=0)"]
+    consumer += ([] if m.split else m.epilogue + m.stores) + ["tma.store_wait(pendings=0)"]
     args = ", ".join(params + shared + consts)
     sig = ", ".join(params + shared + [f"{c}: gl.constexpr" for c in consts])
     top_sig = ", ".join(params + [f"{c}: gl.constexpr" for c in consts])
@@ -340,10 +355,10 @@ def render_gradients(m: GradientKernel) -> tuple[str, GradientWriter]:
         "    mbarrier.init(tile_bar.index(s), count=2)   # both consumers' rows of the accumulated tile",
         "fence_async_shared()",
         *start_partitions(name, args)]
-    src = (REDUCE_ADD + f"\n\n@gluon.jit\ndef {name}_producer({sig}):\n" + textwrap.indent("\n".join(producer), "    ")
+    src = (REDUCE_ADD + (tail.ARRIVALS_AWAITED if m.split else "") + f"\n\n@gluon.jit\ndef {name}_producer({sig}):\n" + textwrap.indent("\n".join(producer), "    ")
            + f"\n\n\n@gluon.jit\ndef {name}_consumer({sig}, ME: gl.constexpr):\n"
            + textwrap.indent("\n".join(consumer), "    ")
-           + f"\n\n\n{jit_decorator('gluon', grid_sizes(w, params) + ['GROUP'])}\ndef {name}_gluon_kernel({top_sig}):\n"
+           + f"\n\n\n{jit_decorator('gluon', grid_sizes(w, params) + ['GROUP'] + (tail.SPLIT_PARAMS[3:] if m.split else []))}\ndef {name}_gluon_kernel({top_sig}):\n"
            + textwrap.indent("\n".join(kernel), "    ") + "\n")
     w.params, w.constexprs = params, consts
     return src, w
@@ -364,6 +379,8 @@ def gradient_launch(w: GradientWriter, m: GradientKernel, sched: Schedule, call_
     grid = " * ".join(w.ext(g) for g in sched.grid) or "1"
     tiles = f"-(-{w.ext(sched.row)} // {ROW_BLOCK}) * {grid}"
     blocks = f"{w.block(sched.row)!r}: {ROW_BLOCK}, {w.block(sched.loop)!r}: {LOOP_BLOCK}"
+    split = tail.launch_lines(tiles, f"-(-{w.ext(sched.loop)} // {LOOP_BLOCK})", len(sched.in_pass(0)), ROWS,
+                              next(iter(w.cols))) if m.split else []
     return lines + [
         f"        gluon_descs = ({', '.join(names)},)",
         "    use_gluon = None not in gluon_descs",
@@ -375,8 +392,10 @@ def gradient_launch(w: GradientWriter, m: GradientKernel, sched: Schedule, call_
         *["    " + builder_call(t, w, "gluon_cfg") for t in w.tables.values()],
         *([f"        gluon_cfg['ORDER'] = 2 if {' or '.join(t.param + '_skewed' for t in w.tables.values())} else 0"]
           if w.tables else []),
+        *split,
         f"        gluon_args = ({call_args},)",
         f"        gluon_consts = tuple(gluon_cfg[c] for c in {tuple(w.constexprs)!r})",
         f"        use_gluon = _gluon_ready({kernel}, gluon_args, gluon_cfg, gluon_consts, config)",
         "    if use_gluon:",
-        f"        _launch(rec, {kernel}, ({tiles},), gluon_args, gluon_cfg, gluon_consts)"]
+        f"        _launch(rec, {kernel}, ({'SPLIT_FIRST + TAIL' if m.split else tiles},), gluon_args, gluon_cfg, "
+        "gluon_consts)"]

@@ -286,7 +286,7 @@ def module_source(plan: Plan, name: str, spec_file: str = "SPEC.py", out_file: s
             gluon_launch = _gluon_launch(gw, sched)
         elif sched.accumulated and isinstance(gradient := match_gradients(sched, name), GradientKernel):
             gsrc, gw = render_gradients(gradient)   # a gradient pass adding into another kernel's rows
-            gpu.update(GRADIENT_GLUON_CONFIG)
+            gpu.update(GRADIENT_GLUON_CONFIG, **({"WS_SPLIT": 1} if gradient.split else {}))
             gluon_launch = gradient_launch(gw, gradient, sched, _call_args(gw.params))
         if gw is not None:
             kernels += "\n\n" + gsrc

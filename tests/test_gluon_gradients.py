@@ -27,6 +27,7 @@ from neptune_eqsat.spec import max as smax
 from neptune_eqsat.tune.database import candidates
 
 from conftest import DEVICE, SPECS
+from hopper_compile import check_on_hopper, listed_mask_spec
 from test_autodiff import attention_spec
 
 ATOMIC = ["global_pf", "causal_pf", "gqa_pf", "alibi_pf", "softcap_pf", "window_pf"]
@@ -233,8 +234,9 @@ spec = importlib.util.spec_from_file_location("generated", path)
 mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
 values = {"BLOCK_J": 128, "BLOCK_I": 64, "STAGES": 2, "EVEN": 1}
+INT_POINTERS = ("split_ptr", "tickets_ptr", "blocks0_ptr", "capture0_ptr")   # the split's table, a mask's lists
 compiled, ptx, regs = compile_for_hopper(getattr(mod, mod.NAME + "_gluon_kernel"), values, blocks.get,
-                                         lambda name: "*fp32")
+                                         lambda name: "*i32" if name in INT_POINTERS else "*fp32")
 print(json.dumps([compiled.metadata.num_warps, ptx.count("wgmma.mma_async") > 0,
                   ptx.count("cp.reduce.async.bulk.tensor"), regs,
                   len(re.findall(r"cvt\.rn\.b?f16\.f32", ptx))]))
@@ -280,39 +282,6 @@ def test_the_gluon_gradients_match_float64_on_hopper(causal, S, monkeypatch):
     check_on_hopper(spec, {**spec.typical, "S": S}, seed=3, tol=2e-2)
 
 
-def check_on_hopper(spec, sizes: dict, seed: int, tol: float) -> None:
-    """The one-pass backward of `spec` on the GPU: the Gluon kernel runs, and every floating input's gradient is
-    within `tol` (relative to its scale) of float64 autograd of the plain math."""
-    from neptune_eqsat.frontend.reference import evaluate, random_inputs
-    from neptune_eqsat.training import Differentiable
-    inputs = random_inputs(spec, sizes, seed=seed)
-    xs = [t.to("cuda").requires_grad_(t.is_floating_point()) for t in inputs.values()]
-    out = Differentiable(spec, deterministic=False)(*xs)
-    g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        out.backward(g.to(out.dtype).to("cuda"))
-        torch.cuda.synchronize()
-    assert any("_gluon_kernel" in e.key for e in prof.key_averages())   # the Gluon kernel ran, not Triton's
-    ref = {n: t.detach().clone().requires_grad_(t.is_floating_point()) for n, t in inputs.items()}
-    evaluate(spec, ref, differentiable=True).backward(g)
-    for (n, r), x in zip(ref.items(), xs):
-        if r.is_floating_point():
-            scale = max(1.0, r.grad.abs().max().item())
-            assert (x.grad.cpu().double() - r.grad).abs().max().item() / scale < tol, n
-
-
-def listed_mask_spec(mask: str, S: int = 256):
-    """Attention under a mask whose blocks are listed at run time, traced from a FlexAttention mask_mod:
-    "prefix" (positions only: the table is built once per sizes) or "documents" (a captured id per position:
-    the table is rebuilt from the ids at every call)."""
-    from neptune_eqsat import flex
-    doc = torch.arange(S, dtype=torch.int32) // 100
-    mods = {"prefix": lambda b, h, i, j: (j < 64) | (i >= j),
-            "documents": lambda b, h, i, j: (doc[i] == doc[j]) & (i >= j)}
-    q = torch.empty(1, 4, S, 128, dtype=torch.bfloat16)
-    return flex.trace(None, mods[mask], flex._problem(q, q, q, None, False))[0]
-
-
 @pytest.mark.parametrize("mask", ["prefix", "documents"])
 def test_a_listed_mask_gets_the_gluon_gradient_kernel_walking_its_lists(mask, tmp_path):
     """Masks classified per block at run time (prefix-LM, documents: their blocks are listed, not bounded) get
@@ -330,8 +299,7 @@ def test_a_listed_mask_gets_the_gluon_gradient_kernel_walking_its_lists(mask, tm
     blocks = {param: ("fp32" if tensor == "out2" else "bf16", [int(b) for b in block.split(", ")])
               for param, tensor, block in re.findall(r"(\w+) = _gluon_descriptor\((\w+), \[([\d, ]+)\]\)", src)}
     script = tmp_path / "ptx.py"
-    script.write_text(HOPPER_PTX.replace('"EVEN": 1}', '"EVEN": 1, "ORDER": int(sys.argv[3])}').replace(
-        'lambda name: "*fp32"', 'lambda name: "*i32" if name in ("blocks0_ptr", "capture0_ptr") else "*fp32"'))
+    script.write_text(HOPPER_PTX.replace('"EVEN": 1}', '"EVEN": 1, "ORDER": int(sys.argv[3])}'))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     for order in (0, 2):
         run = subprocess.run([sys.executable, str(script), str(path), json.dumps(blocks), str(order)],

@@ -48,6 +48,49 @@ def _group_size(order, row_blocks, grid, device):
     return max(1, min(grid, round(_program_slots(device) / max(row_blocks, 1))))
 
 
+def _split_pieces(tiles, loop_blocks, slots):
+    """The pieces of a Gluon gradient kernel's tail (codegen/gluon_split_tail.py): (SPLIT_FIRST, the pieces'
+    count, the table). The tiles of the whole waves run one a program; the loop blocks of those of the last,
+    partial wave are cut into one run a multiprocessor, at least 16 blocks each, and a run crossing a tile's end
+    into two pieces: the first pieces launch first, in run order, the second ones longest first; a tile's
+    piece launched last writes its outputs. No split where
+    the waves are whole, the last one nearly full, or a run would hold a whole tile."""
+    rest = tiles % slots
+    runs = min(slots, rest * loop_blocks // 16)
+    if rest == 0 or 10 * rest > 9 * slots or runs <= rest:
+        return tiles, 0, []
+    units = rest * loop_blocks
+    firsts, seconds = [], []
+    for q in range(runs):
+        lo, hi = q * units // runs, (q + 1) * units // runs
+        t = lo // loop_blocks
+        end = min(hi, (t + 1) * loop_blocks)
+        firsts.append((t, lo - t * loop_blocks, end - t * loop_blocks))
+        if end < hi:
+            seconds.append((t + 1, 0, hi - end))
+    pieces = sorted(firsts + seconds)
+    order = [pieces.index(p) for p in firsts + sorted(seconds, key=lambda p: p[1] - p[2])]
+    launched = {j: n for n, j in enumerate(order)}
+    writers = {t: max((j for j, p in enumerate(pieces) if p[0] == t), key=launched.get) for t in range(rest)}
+    starts = [next((j for j, p in enumerate(pieces) if p[0] >= t), len(pieces)) for t in range(rest + 1)]
+    return tiles - rest, len(pieces), (order + [x for k in range(3) for x in (p[k] for p in pieces)]
+                                      + [int(writers[p[0]] == j) for j, p in enumerate(pieces)] + starts)
+
+
+_SPLITS = {}   # (tiles, loop blocks, multiprocessors, device) -> (SPLIT_FIRST, pieces, table on the device)
+
+
+def _split_table(rec, tiles, loop_blocks, device, on=True):
+    """(SPLIT_FIRST, TAIL, table) of a Gluon gradient kernel whose tiles are equal work, kept per sizes; with
+    the split off, every tile a program of its own."""
+    key = (tiles, loop_blocks, _program_slots(device) if on else 0, device)
+    hit = _SPLITS.get(key)
+    if hit is None:
+        first, n, table = _split_pieces(tiles, loop_blocks, key[2]) if on else (tiles, 0, [])
+        hit = _SPLITS[key] = (first, n, torch.tensor(table or [0], dtype=torch.int32, device=device))
+    return hit[0], hit[1], (rec.constant(hit[2]) if rec is not None else hit[2])
+
+
 _chunk_counts = functools.lru_cache(maxsize=4096)(split_count)
 
 
