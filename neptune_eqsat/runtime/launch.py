@@ -86,6 +86,8 @@ def _split_table(rec, tiles, loop_blocks, device, on=True):
     key = (tiles, loop_blocks, _program_slots(device) if on else 0, device)
     hit = _SPLITS.get(key)
     if hit is None:
+        if len(_SPLITS) > 256:   # lengths that change every call make new keys every call
+            _SPLITS.clear()
         first, n, table = _split_pieces(tiles, loop_blocks, key[2]) if on else (tiles, 0, [])
         hit = _SPLITS[key] = (first, n, torch.tensor(table or [0], dtype=torch.int32, device=device))
     return hit[0], hit[1], (rec.constant(hit[2]) if rec is not None else hit[2])
