@@ -164,8 +164,9 @@ def _match(sched: Schedule, name: str) -> GradientKernel:
     coords = [a if a in sched.grid else "start" if a == loop else f"ME * {half}" for a in o.axes]
     acc_lines.append(f"tma_reduce_add({ACC_DESC}, [{', '.join(coords)}], acc_smem.index(ME))")
     epilogue, stores, out_descs = _epilogue(w, sched, reds)
-    bounds_read = mask_bounds(w, reds)
-    uniform = table is None and (bounds_read is None or (bounds_read.lo_any, bounds_read.hi_any) == ("0", w.ext(loop)))
+    # every row block loops over the whole loop axis (no listed blocks, no bounds that narrow it): equal tiles
+    read = mask_bounds(w, reds)
+    uniform = table is None and (read is None or (read.lo_any, read.hi_any) == ("0", w.ext(loop)))
     split = (f"{row_blocks} * {grid_tiles}", f"gl.cdiv({w.ext(loop)}, {w.block(loop)})") if uniform else None
     if table is None:
         bounds, blocks = pass_bounds(w, 0, reds), (f"gl.cdiv(hi - lo, {w.block(loop)})", f"lo + it * {w.block(loop)}")

@@ -53,13 +53,12 @@ def _split_pieces(tiles, loop_blocks, slots):
     count, the table). The tiles of the whole waves run one a program; the loop blocks of those of the last,
     partial wave are cut into one run a multiprocessor, at least 16 blocks each, and a run crossing a tile's end
     into two pieces: the first pieces launch first, in run order, the second ones longest first; a tile's
-    piece launched last writes its outputs. No split where
-    the waves are whole, the last one nearly full, or a run would hold a whole tile."""
-    rest = tiles % slots
-    runs = min(slots, rest * loop_blocks // 16)
-    if rest == 0 or 10 * rest > 9 * slots or runs <= rest:
+    piece launched last writes its outputs. No split where the waves are whole, the last one nearly full, or a
+    run would save less than two blocks of a tile (a piece's start and its slot cost about that)."""
+    rest, units = tiles % slots, tiles % slots * loop_blocks
+    runs = min(slots, units // 16)
+    if rest == 0 or 10 * rest > 9 * slots or runs <= rest or -(-units // runs) + 2 >= loop_blocks:
         return tiles, 0, []
-    units = rest * loop_blocks
     firsts, seconds = [], []
     for q in range(runs):
         lo, hi = q * units // runs, (q + 1) * units // runs
