@@ -2,8 +2,6 @@
 against torch's autograd of the unfused math in float64; each op's declared derivative checked against sympy."""
 from __future__ import annotations
 
-import math
-
 import pytest
 import sympy as sp
 import torch
@@ -14,10 +12,10 @@ from neptune_eqsat.ir import ops
 from neptune_eqsat.proof import symbolic as proof
 from neptune_eqsat.plan.autodiff import differentiate
 from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
-from neptune_eqsat.spec import Spec, cast, exp, load_spec, sqrt, sum, tanh, where
-from neptune_eqsat.spec import max as smax
+from neptune_eqsat.spec import Spec, exp, load_spec, sqrt, sum
 from neptune_eqsat.training import Differentiable
 from conftest import spec_variant
+from hopper_checks import attention_spec
 
 DT = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 
@@ -127,37 +125,6 @@ def test_cross_entropy_gradient_scatters_at_the_label():
     bw = differentiate(load_spec("specs/cross_entropy.py"))
     assert bw.wrt == ("x",)   # the label is read only as an index: no gradient
     assert any(not p.direct for p in bw.parts)
-
-
-def attention_spec(*, heads=2, kv_heads=1, dim=16, causal=True, slope=False, softcap=None, empty_row=None,
-                   dtype="f16") -> Spec:
-    """A small attention spec with the options the ten operators use (GQA, ALiBi slope, soft-cap, masks)."""
-    spec = Spec("attn_small")
-    B, S = spec.dims(B=1, S=64)
-    b, h, i, j, d, e = spec.axes(b=B, h=heads, i=S, j=S, d=dim, e=dim)
-    q = spec.input("q", dtype, B, heads, S, dim)
-    k = spec.input("k", dtype, B, kv_heads, S, dim)
-    v = spec.input("v", dtype, B, kv_heads, S, dim)
-    hk = h // (heads // kv_heads)
-    s = sum(d, q[b, h, i, d] * k[b, hk, j, d]) / sqrt(dim)
-    if slope:
-        s = s + spec.input("slope", "f32", heads)[h] * (j - i)
-    if softcap:
-        s = softcap * tanh(s / softcap)
-    keep = None
-    if causal:
-        keep = i >= j
-    if empty_row is not None:
-        keep = (i != empty_row) if keep is None else keep & (i != empty_row)
-    if keep is not None:
-        s = where(keep, s, -math.inf)
-    m = smax(j, s)
-    p = exp(s - where(m == -math.inf, 0, m))
-    l = sum(j, p)
-    o = sum(j, cast(p, dtype) * v[b, hk, j, e]) / where(l == 0, 1, l)
-    spec.output("o", dtype, o, b, h, i, e)
-    spec.validate()
-    return spec
 
 
 def test_attention_backward_is_flashattentions():

@@ -27,8 +27,7 @@ from neptune_eqsat.spec import max as smax
 from neptune_eqsat.tune.database import candidates
 
 from conftest import DEVICE, SPECS
-from hopper_compile import check_on_hopper, listed_mask_spec
-from test_autodiff import attention_spec
+from hopper_checks import attention_spec, check_on_hopper, listed_mask_spec
 
 ATOMIC = ["global_pf", "causal_pf", "gqa_pf", "alibi_pf", "softcap_pf", "window_pf"]
 

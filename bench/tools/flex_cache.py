@@ -59,18 +59,30 @@ def training_kernels(dtype: torch.dtype, names: list[str], seq: int = 32) -> Non
             print(f"{name} {dtype} {'one pass' if one_pass else 'two passes'}: cached", flush=True)
 
 
-def mask_training_sources(names: list[str], seqs: list[int], dtype: torch.dtype, heads: int = 32) -> None:
-    """The modules a training step of each mask runs at each length, whichever backward the GPU takes: the
-    forward, the forward writing the saved values (or the stages computing them), and the stages and gradient
-    kernels of the one pass and of the two passes."""
-    from bench.suite.masks import masks
+def fill_training(spec, wrt=("q", "k", "v")) -> None:
+    """The sources a training step of `spec` runs, whichever backward the GPU takes: the forward writing the saved
+    values (or the stages computing them), and the stages and gradient kernels of the one pass and of the two
+    passes. A spec the compiler refuses is reported: the API then takes another path (forward_outputs' stages)."""
     from neptune_eqsat.frontend.spec import SpecError
 
-    def fill(spec):
+    def fill(s):
         try:
-            compiled.cached_source(training.spec_key(spec), spec, spec_file=spec.name)
-        except SpecError as e:   # the API then takes another path (forward_outputs' stages)
-            print(f"  {spec.name}: {str(e).splitlines()[0][:120]}")
+            compiled.cached_source(training.spec_key(s), s, spec_file=s.name)
+        except SpecError as e:
+            print(f"  {s.name}: {str(e).splitlines()[0][:120]}")
+    derived = training._derivation(spec)
+    for stage in derived.stages:
+        fill(stage.spec)
+    fill(derived.forward_spec())
+    for one_pass in (True, False):
+        plan = training.CompiledBackward(spec, wrt, accumulate=one_pass).plan
+        for s in [st.spec for st in plan.stages] + [kernel.spec for kernel in plan.kernels]:
+            fill(s)
+
+
+def mask_training_sources(names: list[str], seqs: list[int], dtype: torch.dtype, heads: int = 32) -> None:
+    """The modules a training step of each mask runs at each length (fill_training, and the forward)."""
+    from bench.suite.masks import masks
     for S in seqs:
         for name, (mask_mod, score_mod, hkv, *decode) in masks(S, "cpu").items():
             if decode or (names and name not in names):
@@ -79,14 +91,7 @@ def mask_training_sources(names: list[str], seqs: list[int], dtype: torch.dtype,
             problem = flex._problem(q, k, k, None, heads != hkv)
             spec = flex.trace(score_mod, mask_mod, problem)[0]
             compiled.cached_source(flex.plan_key(spec, problem), spec)
-            derived = training._derivation(spec)
-            for stage in derived.stages:
-                fill(stage.spec)
-            fill(derived.forward_spec())
-            for one_pass in (True, False):
-                plan = training.CompiledBackward(spec, ("q", "k", "v"), accumulate=one_pass).plan
-                for s in [st.spec for st in plan.stages] + [kernel.spec for kernel in plan.kernels]:
-                    fill(s)
+            fill_training(spec)
             print(f"{name} S={S} {dtype}: cached", flush=True)
 
 

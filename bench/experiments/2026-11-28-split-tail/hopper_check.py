@@ -15,48 +15,28 @@ os.environ["NEPTUNE_EQSAT_COMPILE_AHEAD"] = "0"   # the first call runs the Gluo
 from bench.common import import_package  # noqa: E402
 
 import_package()   # neptune_eqsat from this checkout, installed or not
-from hopper_compile import check_on_hopper, listed_mask_spec  # noqa: E402
+from hopper_checks import attention_spec, check_on_hopper, listed_mask_spec  # noqa: E402
 from neptune_eqsat.frontend.spec import load_spec  # noqa: E402
-from neptune_eqsat.spec import Spec, cast, exp, sqrt, sum, where  # noqa: E402
-from neptune_eqsat.spec import max as smax  # noqa: E402
-
-
-def small_attention(causal: bool) -> Spec:
-    """test_autodiff.attention_spec(dim=128, heads=4, kv_heads=2, causal=causal), written out."""
-    spec = Spec("attn_small")
-    B, S = spec.dims(B=1, S=64)
-    b, h, i, j, d, e = spec.axes(b=B, h=4, i=S, j=S, d=128, e=128)
-    q = spec.input("q", "f16", B, 4, S, 128)
-    k, v = (spec.input(n, "f16", B, 2, S, 128) for n in "kv")
-    s = sum(d, q[b, h, i, d] * k[b, h // 2, j, d]) / sqrt(128)
-    if causal:
-        s = where(i >= j, s, -float("inf"))
-    m = smax(j, s)
-    p = exp(s - where(m == -float("inf"), 0, m))
-    spec.output("o", "f16", sum(j, cast(p, "f16") * v[b, h // 2, j, e]) / where(sum(j, p) == 0, 1, sum(j, p)),
-                b, h, i, e)
-    return spec
 
 
 CHECKS = [   # (name, spec, sizes, seed, tolerance)
     ("global_pf, shared last wave", lambda: load_spec(str(ROOT / "specs" / "global_pf.py")), {"B": 1, "S": 2000},
      5, 2e-2),
-    *[(f"attention causal={c} S={S}", lambda c=c: small_attention(c), {"B": 1, "S": S}, 3, 2e-2)
+    *[(f"attention causal={c} S={S}", lambda c=c: attention_spec(dim=128, heads=4, kv_heads=2, causal=c),
+       {"B": 1, "S": S}, 3, 2e-2)
       for c, S in ((True, 777), (False, 256), (True, 1024))],
     *[(f"{m} S={S}", lambda m=m, S=S: listed_mask_spec(m, S), {"B": 1, "L": S, "S": S}, 5, 5e-2)
       for m, S in (("prefix", 777), ("documents", 777), ("documents", 256))],
 ]
 
 if __name__ == "__main__":
-    if "--fill" in sys.argv:
+    if "--fill" in sys.argv:   # the forward of each spec, and what its training step runs
+        from bench.tools.flex_cache import fill_training
         from neptune_eqsat import compiled, training
         for name, make, *_ in CHECKS:
             spec = make()
-            derived = training._derivation(spec)
-            plan = training.CompiledBackward(spec, None, accumulate=True).plan
-            for s in [spec, derived.forward_spec(), *(st.spec for st in derived.stages),
-                      *(st.spec for st in plan.stages), *(k.spec for k in plan.kernels)]:
-                compiled.cached_source(training.spec_key(s), s, spec_file=s.name)
+            compiled.cached_source(training.spec_key(spec), spec, spec_file=spec.name)
+            fill_training(spec)
             print("filled", name, flush=True)
     else:
         import torch

@@ -11,12 +11,12 @@ Before timing, every variant's dQ, dK and dV are compared with float64 autograd 
 Imports only torch and triton (and the bench helpers).
 """
 import argparse
-import math
 
 import torch
 import triton.testing
 
 from bench.common import load_module
+from bench.suite.attention import OPS, attention_math
 
 ap = argparse.ArgumentParser()
 ap.add_argument("modules", nargs="+")
@@ -31,10 +31,9 @@ D = 128
 
 
 def reference(q, k, v, grad, h):
-    """float64 gradients of plain attention for head h."""
+    """float64 gradients of global attention's plain math for head h."""
     ref = [t[:, h:h + 1].detach().double().requires_grad_() for t in (q, k, v)]
-    s = ref[0] @ ref[1].transpose(-1, -2) / math.sqrt(D)
-    (s.softmax(-1) @ ref[2]).backward(grad[:, h:h + 1].double())
+    attention_math(OPS["global_pf"], *ref, torch.ones(1, dtype=torch.float64)).backward(grad[:, h:h + 1].double())
     return [r.grad for r in ref]
 
 
