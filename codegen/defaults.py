@@ -13,7 +13,9 @@ INTERPRETER_CONFIG = {"num_warps": 1, "num_stages": 1}
 
 # the warp-specialized Gluon kernel (gluon.py) of plans that have one: 3 stages of key blocks of 128 were the
 # fastest of a sweep on an H100 (bench/experiments/2026-11-22-gluon-prefill/gluon_pingpong.py: global prefill 1.00x cuDNN at S 4096, 1.03x at 16384)
-GLUON_CONFIG = {"BACKEND": "gluon", "WS_BLOCK_J": 128, "WS_STAGES": 3, "WS_PERSISTENT": 0}
+# WS_OUT_BUF 1: the output leaves through a shared buffer of its own, so the next tile's A is copied once this
+# tile's last A B^T is done, with as many of WS_STAGES as fit beside it (2 of 128 keys; see gluon.py)
+GLUON_CONFIG = {"BACKEND": "gluon", "WS_BLOCK_J": 128, "WS_STAGES": 3, "WS_PERSISTENT": 0, "WS_OUT_BUF": 0}
 
 
 # a kernel whose tiles hold only rows and a block of the loop axis (softmax, a norm, cross-entropy: no matrix

@@ -12,12 +12,18 @@ row factor. The kernel then splits its warps into three partitions:
 
 A program runs one tile (128 rows at one index of the grid axes) or, with persistent programs, every tile
 whose number is its own modulo the program count, copying a tile's first blocks while the last tile's output
-still leaves. Under a causal mask the tiles are numbered longest first (see tile_lines). The consumers take
-turns issuing their matrix products (one computes exponentials while the other's products run), and within a
-consumer the product P V of one block runs while the next block's per-element work is computed: the state is
-repaired after that product, which is the same sum because the repair is a row factor, acc' = (acc + P_prev
-V_prev) * factor. This is how FlashAttention-3 and cuDNN lay out Hopper attention; the Triton kernels of
-kernel.py cannot express it (Triton 3.6 specializes warps only on Blackwell).
+still leaves through A. With O_BUF (the tunable WS_OUT_BUF, where shared memory holds it) the output leaves
+through a buffer of its own instead, the next tile's A is copied as soon as this tile's last A B^T is done, and
+B and V have barriers of their own: a B stage is free after its A B^T, a block before its V, which is what
+lets 2 stages (the most that fit beside the buffer) keep the products fed. (Choosing the buffer at run time
+between two of A instead made ptxas 12.8 reuse a descriptor computed in a loop's preheader that a tile
+skipping that loop never ran: bench/experiments/2026-11-28-prefill-boundary.) Under a causal mask the tiles
+are numbered longest first (see tile_lines). The consumers take turns issuing their matrix products (one
+computes exponentials while the other's products run), and within a consumer the product P V of one block
+runs while the next block's per-element work is computed: the state is repaired after that product, which is
+the same sum because the repair is a row factor, acc' = (acc + P_prev V_prev) * factor. This is how
+FlashAttention-3 and cuDNN lay out Hopper attention; the Triton kernels of kernel.py cannot express it (Triton
+3.6 specializes warps only on Blackwell).
 """
 from __future__ import annotations
 
@@ -45,17 +51,25 @@ def _block_lines(w: GluonWriter, blk: str, masked: bool) -> list[str]:
     the previous block's P V runs, then the repair of the state."""
     loop = w.loop
     lines = ["stage = it % STAGES",
-             "mbarrier.wait(kv_ready.index(stage), (it // STAGES) & 1)", TAKE_TURN,
+             "mbarrier.wait(kv_ready.index(stage), (it // STAGES) & 1)",
+             "if O_BUF:   # V has barriers of its own: wait for the V that P V reads (the last block's; this",
+             "    # block's in a tile's first, where P is 0)",
+             "    mbarrier.wait(v_ready.index(prev_stage), (gl.maximum(it - 1, first) // STAGES) & 1)", TAKE_TURN,
         "qk = warpgroup_mma(a_tile, b_smem.index(stage).reshape([BLOCK_J, INNER]).permute((1, 0)), zeros_s, "
         "use_acc=False, is_async=True)",
         "acc = warpgroup_mma(p16, v_smem.index(prev_stage).reshape([BLOCK_J, COLS]), acc, is_async=True)"] + PASS_TURN + [
         "qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk,))",
+        "if O_BUF:   # the stage holds B alone: the producer may copy the next B here",
+        "    mbarrier.arrive(kv_empty.index(stage), count=1)",
         f"offs_{loop} = start + gl.arange(0, BLOCK_J, layout=S_COLS)"]
     if masked:
         lines.append(f"valid_{loop} = offs_{loop} < {w.ext(loop)}")
     lines += w.blocks[blk]
     lines += ["acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))",
-              "mbarrier.arrive(kv_empty.index(prev_stage), count=1, pred=it > first)"]
+              "if O_BUF:",
+              "    mbarrier.arrive(v_empty.index(prev_stage), count=1, pred=it > first)",
+              "else:",
+              "    mbarrier.arrive(kv_empty.index(prev_stage), count=1, pred=it > first)"]
     if w.factor[blk] is not None:
         lines.append(f"acc = acc * gl.convert_layout(gl.zeros([{ROWS}], gl.float32, S_ROWS) + {w.factor[blk]}, "
                      f"O_ROWS)[:, None]")
@@ -229,16 +243,19 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
     for stem, _, axes in m.extras:
         pointers += [f"{stem}_ptr"] + [f"{stem}_s{k}" for k in range(len(axes))]
     params = [a_param, b_param, v_param, "out_desc"] + pointers + [f"{t.param}_ptr" for t in w.tables.values()] + dims
-    shared = ["a_smem", "b_smem", "v_smem", "a_bar", "a_free", "kv_ready", "kv_empty", "turns"]
-    consts = ["BLOCK_I", "BLOCK_J", "STAGES"] + (["ORDER"] if ordered else [])
+    shared = ["a_smem", "b_smem", "v_smem", "o_smem", "a_bar", "a_free", "kv_ready", "kv_empty", "v_ready", "v_empty",
+              "turns"]
+    consts = ["BLOCK_I", "BLOCK_J", "STAGES", "O_BUF"] + (["ORDER"] if ordered else [])
     dt = GLUON_DTYPE[w.dtype]
     dims_of = (lambda blocks: "[" + ", ".join(blocks) + "]")
+    out_block = ["1"] * (len(out_coords) - 2) + [str(ROWS), w.ext(col)]
     nbytes = f"{a_param}.block_type.nbytes"
     tile_body = head + bounds + [
         f"n = {listed[0]}" if listed else "n = gl.cdiv(hi - lo, BLOCK_J)",
-        "# A goes first in a program's first tile (the first product needs it); in later tiles it is copied after",
-        "# the tile's first blocks, which go while the last tile's output still leaves through A",
-        "a_after = gl.minimum(n, STAGES * gl.minimum(tiles_done, 1))",
+        "# A goes first where the output leaves through a buffer of its own (A is free once the last tile's last",
+        "# A B^T is done), and in a program's first tile; else later tiles copy it after their first blocks, which",
+        "# go while the last tile's output still leaves through A",
+        "a_after = 0 if O_BUF else gl.minimum(n, STAGES * gl.minimum(tiles_done, 1))",
         "for blk in range(n + 1):",
         "    if blk == a_after:",
         "        mbarrier.wait(a_free, (tiles_done & 1) ^ 1)   # a fresh barrier passes parity 1",
@@ -247,11 +264,23 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
         "    if blk < n:",
         f"        start = {listed[1]}" if listed else "        start = lo + blk * BLOCK_J",
         "        stage = it % STAGES",
-        "        mbarrier.wait(kv_empty.index(stage), ((it // STAGES) & 1) ^ 1)",
-        f"        mbarrier.expect(kv_ready.index(stage), {b_param}.block_type.nbytes + {v_param}.block_type.nbytes)",
-        f"        tma.async_copy_global_to_shared({b_param}, [{', '.join(b_coords)}], kv_ready.index(stage), "
+        "        phase = ((it // STAGES) & 1) ^ 1   # a fresh barrier passes parity 1",
+        "        if O_BUF:   # B's stage is free once both consumers' A B^T of it is done, V's once their P V is",
+        "            mbarrier.wait(kv_empty.index(stage), phase)",
+        f"            mbarrier.expect(kv_ready.index(stage), {b_param}.block_type.nbytes)",
+        f"            tma.async_copy_global_to_shared({b_param}, [{', '.join(b_coords)}], kv_ready.index(stage), "
         "b_smem.index(stage))",
-        f"        tma.async_copy_global_to_shared({v_param}, [{', '.join(v_coords)}], kv_ready.index(stage), "
+        "            mbarrier.wait(v_empty.index(stage), phase)",
+        f"            mbarrier.expect(v_ready.index(stage), {v_param}.block_type.nbytes)",
+        f"            tma.async_copy_global_to_shared({v_param}, [{', '.join(v_coords)}], v_ready.index(stage), "
+        "v_smem.index(stage))",
+        "        else:   # a stage of B and V, free once both consumers' P V of it is done",
+        "            mbarrier.wait(kv_empty.index(stage), phase)",
+        f"            mbarrier.expect(kv_ready.index(stage), {b_param}.block_type.nbytes + "
+        f"{v_param}.block_type.nbytes)",
+        f"            tma.async_copy_global_to_shared({b_param}, [{', '.join(b_coords)}], kv_ready.index(stage), "
+        "b_smem.index(stage))",
+        f"            tma.async_copy_global_to_shared({v_param}, [{', '.join(v_coords)}], kv_ready.index(stage), "
         "v_smem.index(stage))",
         "        it += 1",
         "tiles_done += 1"]
@@ -287,33 +316,48 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
     for header, masked in loops:
         tile_body += header
         tile_body += ["    " + x for x in _block_lines(w, f"body0{'m' if masked else 'u'}", masked)]
-    tile_body += ["# the last block's P V (a turn is taken even without blocks, so both consumers take as many)"]
+    tile_body += ["if O_BUF:   # every A B^T of the tile is done: the producer may copy the next tile's A",
+                  "    mbarrier.arrive(a_free, count=1)",
+                  "# the last block's P V (a turn is taken even without blocks, so both consumers take as many)"]
     tile_body += [
         TAKE_TURN,
         "if it > first:",
+        "    if O_BUF:",
+        "        mbarrier.wait(v_ready.index(prev_stage), ((it - 1) // STAGES) & 1)",
         "    acc = warpgroup_mma(p16, v_smem.index(prev_stage).reshape([BLOCK_J, COLS]), acc, is_async=True)",
         "    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))"] + PASS_TURN + [
-        "mbarrier.arrive(kv_empty.index(prev_stage), count=1, pred=it > first)",
-        "# the output leaves through this consumer's rows of A, which no product reads any more (storing it from",
-        "# registers instead, with A freed after the last A B^T, ran slower on an H100: 0.85x cuDNN instead of",
-        "# 0.90x at global S 1024, 0.87x instead of 0.93x at grouped-query S 1024)"]
+        "if O_BUF:",
+        "    mbarrier.arrive(v_empty.index(prev_stage), count=1, pred=it > first)",
+        "else:",
+        "    mbarrier.arrive(kv_empty.index(prev_stage), count=1, pred=it > first)",
+        "# the output leaves through a buffer of its own where shared memory holds one (O_BUF), else through this",
+        "# consumer's rows of A, which no product reads any more (storing it from registers instead, with A freed",
+        "# after the last A B^T, ran slower on an H100: 0.85x cuDNN instead of 0.90x at global S 1024, 0.87x",
+        "# instead of 0.93x at grouped-query S 1024)"]
     tile_body += w.blocks["epilogue"]
     for stem, code, axes in m.extras:   # a row vector of each consumer's rows (a row max, a row sum)
         ptr = " + ".join([f"{stem}_ptr"] + [f"{f'offs_{a}' if a == w.row else a} * {stem}_s{k}"
                                             for k, a in enumerate(axes)])
         tile_body.append(f"gl.store({ptr}, gl.convert_layout({code}, S_ROWS).to(gl.float32), mask=valid_{w.row})")
+    out_value, where = f"{out.code}.to({GLUON_DTYPE[w.spec.output_dtype]})", ", ".join(out_coords)
     tile_body += [
-        f"a_tile.store({out.code}.to({GLUON_DTYPE[w.spec.output_dtype]}))",
-        "fence_async_shared()",
-        f"tma.async_copy_shared_to_global(out_desc, [{', '.join(out_coords)}], "
-        f"a_smem.slice(ME * {ROWS}, {ROWS}, dim={len(out_coords) - 2}))",
-        "tma.store_wait(pendings=0)",
-        "mbarrier.arrive(a_free, count=1)",
+        "if O_BUF:   # the last tile's output has left this buffer long since: the wait costs nothing",
+        "    tma.store_wait(pendings=0)",
+        f"    o_smem.index(ME).reshape([{ROWS}, COLS]).store({out_value})",
+        "    fence_async_shared()",
+        f"    tma.async_copy_shared_to_global(out_desc, [{where}], o_smem.index(ME))",
+        "else:",
+        f"    a_tile.store({out_value})",
+        "    fence_async_shared()",
+        f"    tma.async_copy_shared_to_global(out_desc, [{where}], a_smem.slice(ME * {ROWS}, {ROWS}, "
+        f"dim={len(out_coords) - 2}))",
+        "    tma.store_wait(pendings=0)",
+        "    mbarrier.arrive(a_free, count=1)",
         "tiles_done += 1"]
     consumer = layouts + ["it = 0   # key blocks used, over all tiles (ring stage and phase)", "turn = 0",
                           "tiles_done = 0",
                           f"for slot in range(gl.program_id(0), {tiles}, gl.num_programs(0)):"] + [
-        "    " + x for x in tile_body]
+        "    " + x for x in tile_body] + ["tma.store_wait(pendings=0)   # the last tile's output"]
 
     args = ", ".join(params + shared)
     sig = ", ".join(params + shared + [f"{c}: gl.constexpr" for c in consts])
@@ -322,16 +366,23 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
         f"a_smem = gl.allocate_shared_memory({dt}, {dims_of(a_blocks)}, {a_param}.layout)",
         f"b_smem = gl.allocate_shared_memory({dt}, [STAGES] + {dims_of(b_blocks)}, {b_param}.layout)",
         f"v_smem = gl.allocate_shared_memory({dt}, [STAGES] + {dims_of(v_blocks)}, {v_param}.layout)",
+        "if O_BUF:",
+        f"    o_smem = gl.allocate_shared_memory({GLUON_DTYPE[w.spec.output_dtype]}, [{CONSUMERS}] + "
+        f"{dims_of(out_block)}, out_desc.layout)",
+        "else:",
+        "    o_smem = a_smem   # (not read: the output leaves through A)",
         "a_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())",
-        "kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())",
-        "kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())",
+        *[f"{ring}_{state} = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())"
+          for ring in ("kv", "v") for state in ("ready", "empty")],
         f"turns = gl.allocate_shared_memory(gl.int64, [{CONSUMERS}, 1], mbarrier.MBarrierLayout())",
         "a_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())",
         "mbarrier.init(a_bar, count=1)",
-        f"mbarrier.init(a_free, count={CONSUMERS})   # both consumers' output has left through A",
+        f"mbarrier.init(a_free, count={CONSUMERS})   # both consumers are done with A",
         "for s in gl.static_range(STAGES):",
         "    mbarrier.init(kv_ready.index(s), count=1)",
+        "    mbarrier.init(v_ready.index(s), count=1)   # (V's own barriers: with O_BUF alone)",
         f"    mbarrier.init(kv_empty.index(s), count={CONSUMERS})   # both consumers release a stage",
+        f"    mbarrier.init(v_empty.index(s), count={CONSUMERS})",
         f"for c in gl.static_range({CONSUMERS}):",
         "    mbarrier.init(turns.index(c), count=1)",
         "fence_async_shared()",
@@ -342,7 +393,7 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
            f"\n\n\n{jit_decorator('gluon', grid_sizes(w, params))}\ndef {name}_gluon_kernel({top_sig}):\n" + textwrap.indent("\n".join(kernel), "    ")
            + "\n")
     w.params, w.constexprs = params, consts
-    w.out_block = ["1"] * (len(out_coords) - 2) + [str(ROWS), w.ext(col)]
+    w.out_block = out_block
     return src, w
 
 

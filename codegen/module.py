@@ -214,6 +214,9 @@ def _gluon_launch(w: GluonWriter, sched: Schedule) -> list[str]:
                                                   else "", GLUON_MAXNREG),
               *["    " + blocks.builder_call(t, w, "gluon_cfg", ("BLOCK_I", "BLOCK_J")) for t in w.tables.values()],
               *([f"        use_gluon = {lists_suit_gluon(w)}", "    if use_gluon:"] if w.tables else []),
+              "        gluon_cfg['O_BUF'], gluon_cfg['STAGES'] = _output_buffer(%s, out_desc, cfg['WS_OUT_BUF'], "
+              "cfg['WS_STAGES'], %d)" % (
+                  ", ".join(w.operands[k][0] for k in "abv"), CONSUMERS),
               f"        gluon_args = ({_call_args(w.params)},)",
               "        gluon_consts = (%s,)" % ", ".join(f"gluon_cfg[{c!r}]" for c in w.constexprs),
               f"        use_gluon = _gluon_ready({kernel}, gluon_args, gluon_cfg, gluon_consts, config)",

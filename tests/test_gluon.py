@@ -59,12 +59,14 @@ GLUON_PTX = r'''
 import importlib.util, sys
 sys.path.insert(0, TESTS_DIR)
 from hopper_compile import compile_for_hopper
-for path in sys.argv[1:]:
+for path in sys.argv[2:]:
     spec = importlib.util.spec_from_file_location("generated", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     cfg = mod.CONFIG
-    values = {"BLOCK_I": 128, "BLOCK_J": cfg["WS_BLOCK_J"], "STAGES": cfg["WS_STAGES"], "ORDER": 2}
+    out_buf = int(sys.argv[1])
+    values = {"BLOCK_I": 128, "BLOCK_J": cfg["WS_BLOCK_J"], "STAGES": 2 if out_buf else cfg["WS_STAGES"],
+              "ORDER": 2, "O_BUF": out_buf}
 
     def descriptor(name):
         if "_desc" not in name:
@@ -81,10 +83,12 @@ for path in sys.argv[1:]:
 '''.replace("TESTS_DIR", repr(str(Path(__file__).resolve().parent)))
 
 
-def test_the_gluon_kernels_compile_for_hopper_as_three_partitions(tmp_path):
+@pytest.mark.parametrize("out_buf", [0, 1])
+def test_the_gluon_kernels_compile_for_hopper_as_three_partitions(tmp_path, out_buf):
     """Every prefill module's Gluon kernel compiles for an H100 (to PTX and through ptxas): 12 warps (the
     producer's one warp padded to a warpgroup), both consumer warpgroups at 240 registers and the producer's
-    lowered to 24, warpgroup matrix products, and its ring of 3 key/value stages in shared memory."""
+    lowered to 24, warpgroup matrix products, and in shared memory its ring of 3 key/value stages, or of 2
+    beside an output buffer of its own (O_BUF)."""
     paths = []
     for name in PREFILL:
         result, _ = compiled(str(SPECS / f"{name}.py"))
@@ -93,13 +97,14 @@ def test_the_gluon_kernels_compile_for_hopper_as_three_partitions(tmp_path):
     script = tmp_path / "ptx.py"
     script.write_text(GLUON_PTX)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    lines = subprocess.run([sys.executable, str(script), *map(str, paths)], env=env, check=True,
+    lines = subprocess.run([sys.executable, str(script), str(out_buf), *map(str, paths)], env=env, check=True,
                            capture_output=True, text=True, timeout=900).stdout.splitlines()
     assert [line.split()[0] for line in lines] == PREFILL
     for line in lines:
         name, warps, shared, products, regs = line.split(maxsplit=4)
         assert int(warps) == 12
-        assert 3 * 2 * 128 * 128 * 2 < int(shared) <= 232448   # three stages of K and V, Q, within 227 KiB
+        # Q, and three stages of K and V, or two and the output (128 rows of fp16): within 227 KiB
+        assert (2 if out_buf else 3) * 2 * 128 * 128 * 2 + out_buf * 128 * 128 * 2 < int(shared) <= 232448
         assert int(products) > 0
         assert "('inc', '240')" in regs and "('dec', '240')" in regs and "('dec', '24')" in regs
 
@@ -158,7 +163,7 @@ def test_listed_masks_of_positions_get_a_gluon_kernel_that_walks_their_lists(tmp
     script = tmp_path / "ptx.py"
     script.write_text(GLUON_PTX)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    lines = subprocess.run([sys.executable, str(script), *map(str, paths)], env=env, check=True,
+    lines = subprocess.run([sys.executable, str(script), "1", *map(str, paths)], env=env, check=True,
                            capture_output=True, text=True, timeout=900).stdout.splitlines()
     assert len(lines) == 2
     for line in lines:
@@ -244,7 +249,7 @@ def test_a_training_forward_writes_its_row_values_from_the_gluon_kernel(tmp_path
     script = tmp_path / "ptx.py"
     script.write_text(GLUON_PTX)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    (line,) = subprocess.run([sys.executable, str(script), str(path)], env=env, check=True, capture_output=True,
+    (line,) = subprocess.run([sys.executable, str(script), "1", str(path)], env=env, check=True, capture_output=True,
                              text=True, timeout=900).stdout.splitlines()
     assert int(line.split()[1]) == 12
 
@@ -264,3 +269,20 @@ def test_the_training_forwards_row_values_match_float64_on_the_gpu():
     for got, want, tol in zip(outs, refs, (tolerance("f16"), 1e-4, 1e-4)):
         err = (got.cpu().double() - want).abs().max().item() / max(1.0, want.abs().max().item())
         assert err < tol, err
+
+
+def test_an_output_buffer_takes_the_stages_that_fit_beside_it():
+    """WS_OUT_BUF asks for an output buffer of the warp-specialized kernel's own: it keeps the stages of the ring
+    that fit beside it in 227 KiB (2 of 128 keys, 3 of 64 at D 128 in fp16), and where fewer than 2 fit, or none
+    was asked for, the output leaves through A with the stages asked for."""
+    import types
+    from neptune_eqsat.runtime.descriptors import _output_buffer
+
+    def block(rows, cols=128, size=2):
+        return types.SimpleNamespace(base=types.SimpleNamespace(element_size=lambda: size), block_shape=[1, 1, rows, cols])
+    q, out = block(128), block(64)
+    assert _output_buffer(q, block(128), block(128), out, 1, 3, 2) == (1, 2)
+    assert _output_buffer(q, block(64), block(64), out, 1, 3, 2) == (1, 3)
+    assert _output_buffer(q, block(64), block(64), out, 1, 2, 2) == (1, 2)
+    assert _output_buffer(q, block(128), block(128), out, 0, 3, 2) == (0, 3)
+    assert _output_buffer(q, block(128, 256), block(128, 256), block(64, 256), 1, 3, 2) == (0, 3)   # D 256

@@ -3,7 +3,7 @@ planner's cost model and the tuning database: the shape bucket that keys measure
 a split plan, and the tunables only the warp-specialized Gluon kernel reads. Imports nothing."""
 
 # ---- copied into every generated module from here on
-GLUON_KEYS = ("WS_BLOCK_J", "WS_STAGES", "WS_PERSISTENT", "WS_ORDER", "WS_SPLIT")   # tunables of the warp-specialized Gluon kernel alone
+GLUON_KEYS = ("WS_BLOCK_J", "WS_STAGES", "WS_PERSISTENT", "WS_ORDER", "WS_SPLIT", "WS_OUT_BUF")   # tunables of the warp-specialized Gluon kernel alone
 
 
 def bucket(sizes):

@@ -52,6 +52,31 @@ def _gluon_descriptor(x, block):
     return GluonDescriptor(x, list(x.shape), list(x.stride()), block, layout)
 
 
+_SHARED_BYTES = 227 * 1024   # the shared memory one program may hold on Hopper
+
+
+def _block_bytes(d):
+    n = d.base.element_size()
+    for side in d.block_shape:
+        n *= side
+    return n
+
+
+def _output_buffer(a, b, v, out, wanted, stages, parts):
+    """(O_BUF, STAGES) of a warp-specialized kernel asked for an output buffer of its own (`wanted`, the tunable
+    WS_OUT_BUF): its output (`parts` blocks of `out`, one a consumer) then takes shared memory beside the row
+    tile `a` and the ring of B and V blocks, which keeps as many of its `stages` as fit beside them (2 of 128
+    keys, 3 of 64 at D 128 in fp16); where not even 2 fit, or none was asked for, (0, stages): the output
+    leaves through A. Each argument but the counts is a Gluon descriptor of one block."""
+    if wanted:
+        # (a few KB stay free for the barriers and the layout conversions' scratch)
+        free = _SHARED_BYTES - 4096 - _block_bytes(a) - parts * _block_bytes(out)
+        fit = min(stages, free // (_block_bytes(b) + _block_bytes(v)))
+        if fit >= 2:
+            return 1, fit
+    return 0, stages
+
+
 def _redescribe(x, block, layout):
     """x described as a recorded launch described a tensor of the same signature (shape, strides, dtype and
     16-byte alignment, what a descriptor's own checks test), built without those checks: a replay builds

@@ -153,7 +153,7 @@ def candidates(config: dict) -> list[dict]:
             axes[k] = [0, 1, 2]
         elif k == "WS_ORDER":
             axes[k] = [1, 2]
-        elif k in ("USE_TMA", "STREAM", "WS_PERSISTENT"):
+        elif k in ("USE_TMA", "STREAM", "WS_PERSISTENT", "WS_OUT_BUF"):
             axes[k] = [0, 1]
         elif k == "CHUNKS":
             axes[k] = [0, 2, 4, 8, 16, 32]
