@@ -279,7 +279,8 @@ def test_an_output_buffer_takes_the_stages_that_fit_beside_it():
     from neptune_eqsat.runtime.descriptors import _output_buffer
 
     def block(rows, cols=128, size=2):
-        return types.SimpleNamespace(base=types.SimpleNamespace(element_size=lambda: size), block_shape=[1, 1, rows, cols])
+        base = types.SimpleNamespace(element_size=lambda: size)
+        return types.SimpleNamespace(base=base, block_shape=[1, 1, rows, cols])
     q, out = block(128), block(64)
     assert _output_buffer(q, block(128), block(128), out, 1, 3, 2) == (1, 2)
     assert _output_buffer(q, block(64), block(64), out, 1, 3, 2) == (1, 3)
