@@ -66,10 +66,7 @@ def _block_lines(w: GluonWriter, blk: str, masked: bool) -> list[str]:
         lines.append(f"valid_{loop} = offs_{loop} < {w.ext(loop)}")
     lines += w.blocks[blk]
     lines += ["acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))",
-              "if O_BUF:",
-              "    mbarrier.arrive(v_empty.index(prev_stage), count=1, pred=it > first)",
-              "else:",
-              "    mbarrier.arrive(kv_empty.index(prev_stage), count=1, pred=it > first)"]
+              "mbarrier.arrive(v_free.index(prev_stage), count=1, pred=it > first)"]
     if w.factor[blk] is not None:
         lines.append(f"acc = acc * gl.convert_layout(gl.zeros([{ROWS}], gl.float32, S_ROWS) + {w.factor[blk]}, "
                      f"O_ROWS)[:, None]")
@@ -265,22 +262,21 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
         f"        start = {listed[1]}" if listed else "        start = lo + blk * BLOCK_J",
         "        stage = it % STAGES",
         "        phase = ((it // STAGES) & 1) ^ 1   # a fresh barrier passes parity 1",
+        "        mbarrier.wait(kv_empty.index(stage), phase)",
         "        if O_BUF:   # B's stage is free once both consumers' A B^T of it is done, V's once their P V is",
-        "            mbarrier.wait(kv_empty.index(stage), phase)",
         f"            mbarrier.expect(kv_ready.index(stage), {b_param}.block_type.nbytes)",
-        f"            tma.async_copy_global_to_shared({b_param}, [{', '.join(b_coords)}], kv_ready.index(stage), "
-        "b_smem.index(stage))",
-        "            mbarrier.wait(v_empty.index(stage), phase)",
-        f"            mbarrier.expect(v_ready.index(stage), {v_param}.block_type.nbytes)",
-        f"            tma.async_copy_global_to_shared({v_param}, [{', '.join(v_coords)}], v_ready.index(stage), "
-        "v_smem.index(stage))",
         "        else:   # a stage of B and V, free once both consumers' P V of it is done",
-        "            mbarrier.wait(kv_empty.index(stage), phase)",
         f"            mbarrier.expect(kv_ready.index(stage), {b_param}.block_type.nbytes + "
         f"{v_param}.block_type.nbytes)",
-        f"            tma.async_copy_global_to_shared({b_param}, [{', '.join(b_coords)}], kv_ready.index(stage), "
+        f"        tma.async_copy_global_to_shared({b_param}, [{', '.join(b_coords)}], kv_ready.index(stage), "
         "b_smem.index(stage))",
-        f"            tma.async_copy_global_to_shared({v_param}, [{', '.join(v_coords)}], kv_ready.index(stage), "
+        "        if O_BUF:",
+        "            mbarrier.wait(v_empty.index(stage), phase)",
+        f"            mbarrier.expect(v_ready.index(stage), {v_param}.block_type.nbytes)",
+        "            v_ready_at = v_ready",
+        "        else:",
+        "            v_ready_at = kv_ready",
+        f"        tma.async_copy_global_to_shared({v_param}, [{', '.join(v_coords)}], v_ready_at.index(stage), "
         "v_smem.index(stage))",
         "        it += 1",
         "tiles_done += 1"]
@@ -326,10 +322,7 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
         "        mbarrier.wait(v_ready.index(prev_stage), ((it - 1) // STAGES) & 1)",
         "    acc = warpgroup_mma(p16, v_smem.index(prev_stage).reshape([BLOCK_J, COLS]), acc, is_async=True)",
         "    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))"] + PASS_TURN + [
-        "if O_BUF:",
-        "    mbarrier.arrive(v_empty.index(prev_stage), count=1, pred=it > first)",
-        "else:",
-        "    mbarrier.arrive(kv_empty.index(prev_stage), count=1, pred=it > first)",
+        "mbarrier.arrive(v_free.index(prev_stage), count=1, pred=it > first)",
         "# the output leaves through a buffer of its own where shared memory holds one (O_BUF), else through this",
         "# consumer's rows of A, which no product reads any more (storing it from registers instead, with A freed",
         "# after the last A B^T, ran slower on an H100: 0.85x cuDNN instead of 0.90x at global S 1024, 0.87x",
@@ -354,7 +347,12 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
         "    tma.store_wait(pendings=0)",
         "    mbarrier.arrive(a_free, count=1)",
         "tiles_done += 1"]
-    consumer = layouts + ["it = 0   # key blocks used, over all tiles (ring stage and phase)", "turn = 0",
+    consumer = layouts + [
+        "if O_BUF:   # V's stage has a barrier of its own (B's is released after its A B^T)",
+        "    v_free = v_empty",
+        "else:   # a stage of B and V, released once both consumers' P V of it is done",
+        "    v_free = kv_empty",
+        "it = 0   # key blocks used, over all tiles (ring stage and phase)", "turn = 0",
                           "tiles_done = 0",
                           f"for slot in range(gl.program_id(0), {tiles}, gl.num_programs(0)):"] + [
         "    " + x for x in tile_body] + ["tma.store_wait(pendings=0)   # the last tile's output"]

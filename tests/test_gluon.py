@@ -59,12 +59,12 @@ GLUON_PTX = r'''
 import importlib.util, sys
 sys.path.insert(0, TESTS_DIR)
 from hopper_compile import compile_for_hopper
+out_buf = int(sys.argv[1])
 for path in sys.argv[2:]:
     spec = importlib.util.spec_from_file_location("generated", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     cfg = mod.CONFIG
-    out_buf = int(sys.argv[1])
     values = {"BLOCK_I": 128, "BLOCK_J": cfg["WS_BLOCK_J"], "STAGES": 2 if out_buf else cfg["WS_STAGES"],
               "ORDER": 2, "O_BUF": out_buf}
 

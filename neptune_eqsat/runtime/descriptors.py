@@ -3,6 +3,7 @@ reads and writes a tensor in blocks through a descriptor built on the host; Gluo
 that also carry the shared-memory layout their blocks land in."""
 import dataclasses
 import functools
+import math
 
 import torch
 
@@ -56,10 +57,7 @@ _SHARED_BYTES = 227 * 1024   # the shared memory one program may hold on Hopper
 
 
 def _block_bytes(d):
-    n = d.base.element_size()
-    for side in d.block_shape:
-        n *= side
-    return n
+    return math.prod(d.block_shape) * d.base.element_size()
 
 
 def _output_buffer(a, b, v, out, wanted, stages, parts):
