@@ -202,7 +202,7 @@ def tune(spec_file: str, shape: str, output: str | None, budget: float, plan: st
     for spec, part in kernels:
         mod, at = load_module(part.source, spec.name), {**spec.typical, **sizes}
         key, tuned = tune_module(mod, spec.name, at, random_inputs_for(mod, at), budget / len(kernels))
-        click.echo(f"{key} [{part.chosen.family} plan]: best {tuned.best_ms:.4f} ms with {tuned.best}; default "
+        click.echo(f"{key} [{part.chosen.family} plan]: best {tuned.best_ms:.4f} ms with {tuned.best}; before "
                    f"{tuned.default_ms:.4f} ms ({len(tuned.tried)} configs, {tuned.stopped}); stored in {db_path()}")
     if output:   # the plan just tuned, even if its measured time now ranks another plan first
         result = run(spec_file, sizes=sizes, out_file=output, plan=None if result.stages else result.chosen.family)

@@ -115,6 +115,25 @@ def test_tune_module_stores_the_time_under_the_module_plan_family(own_db):
     assert plans["rolled"]["seconds"] == pytest.approx(0.25e-3)
 
 
+def test_tune_module_starts_from_the_config_a_call_of_the_shape_runs(own_db):
+    """A module's CONFIG can be a long shape's; a call at a short bucket runs the config measured for that bucket
+    (here on the module's own GPU, as a call on an unmeasured GPU would): the search starts there, its first
+    timing is what calls ran before, and its first single changes are that config's neighbours."""
+    measured_for_bucket = {"BLOCK_J": 32, "num_warps": 8, "not_a_tunable_here": 1}
+    module = SimpleNamespace(PLAN="split: 1 pass(es) over j", forward=lambda *inputs, config: config,
+                             CONFIG={"BLOCK_J": 128, "num_warps": 4, "COMBINE": {"num_warps": 4}},
+                             _tuned_config=lambda gpu, bucket: measured_for_bucket if bucket == "N=4096" else {})
+
+    def measure(fn):
+        return 1.0 + abs(fn()["BLOCK_J"] - 64) / 64
+    _, res = tune.tune_module(module, "softmax", {"N": 4000}, [], gpu="Lab GPU", progress=None, measure=measure)
+    assert res.tried[0][0]["BLOCK_J"] == 32 and res.tried[0][0]["num_warps"] == 8
+    assert "not_a_tunable_here" not in res.tried[0][0] and "COMBINE" not in res.tried[0][0]
+    assert res.default_ms == pytest.approx(1.5) and res.best["BLOCK_J"] == 64 and res.best_ms == pytest.approx(1.0)
+    _, long = tune.tune_module(module, "softmax", {"N": 30000}, [], gpu="Lab GPU", progress=None, measure=measure)
+    assert long.tried[0][0]["BLOCK_J"] == 128   # no config measured for that bucket: the module's CONFIG
+
+
 def test_entries_of_several_families_and_old_entries(own_db):
     sizes = {"R": 64, "N": 1000}
     key = tune.db_key("softmax", sizes, "Lab GPU", triton.__version__)

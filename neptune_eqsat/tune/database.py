@@ -185,7 +185,7 @@ def candidates(config: dict) -> list[dict]:
 class Tuned:
     best: dict
     best_ms: float
-    default_ms: float
+    default_ms: float   # the search's first config: in tune_module, the one a call of the shape ran before
     tried: list = field(default_factory=list)   # (config, ms); inf where it failed (e.g. out of shared memory)
     stopped: str = "grid done"
 
@@ -258,11 +258,13 @@ def tune_module(module, spec_name: str, sizes: dict[str, int], inputs: list, bud
         import torch
         gpu = torch.cuda.get_device_name()
     config = dict(module.CONFIG)
-    seeds = []
+    # a call of this shape runs the config measured for its bucket (on this GPU, else on the module's own): the
+    # search starts from it, so the first timing is what a call ran before tuning and the single changes tried
+    # first are its neighbours (a module's CONFIG can be a long shape's, far from a short one's best)
     earlier = module._tuned_config(gpu, bucket(sizes)) if hasattr(module, "_tuned_config") else None
-    if earlier:   # the config measured best before, for each kernel the module can run
-        seeds = [{**earlier, "BACKEND": b} for b in ("gluon", "triton")] if "BACKEND" in config else [earlier]
-    result = tune(module.forward, inputs, config, budget, measure, progress, seeds)
+    if earlier:   # (the grid varies the tunables alone; the call merges them over the module's whole config)
+        config.update({k: v for k, v in earlier.items() if k in config})
+    result = tune(module.forward, inputs, config, budget, measure, progress)
     key = db_key(spec_name, sizes, gpu, triton.__version__)
     if math.isfinite(result.best_ms):
         store_plan(key, plan_family(getattr(module, "PLAN", "")),
@@ -294,7 +296,7 @@ def _main(argv=None) -> None:
     inputs = random_inputs_for(mod, sizes)
     key, result = tune_module(mod, args.spec, sizes, inputs, args.budget)
     family = plan_family(getattr(mod, "PLAN", ""))
-    print(f"{key} [{family} plan]: best {result.best_ms:.4f} ms {result.best} (default {result.default_ms:.4f} ms; "
+    print(f"{key} [{family} plan]: best {result.best_ms:.4f} ms {result.best} (before {result.default_ms:.4f} ms; "
           f"{len(result.tried)} configs, {result.stopped})")
 
 
