@@ -22,6 +22,8 @@ def test_grid_starts_at_the_default_and_covers_the_tunables():
     grid = tune.candidates({"BLOCK_I": 128, "BLOCK_J": 128, "num_warps": 8, "num_stages": 3, "CHUNKS": 0})
     assert grid[0] == {"BLOCK_I": 128, "BLOCK_J": 128, "num_warps": 8, "num_stages": 3, "CHUNKS": 0}
     assert {c["BLOCK_J"] for c in grid} == {64, 128, 256} and {c["CHUNKS"] for c in grid} >= {0, 8, 32}
+    odd = {"num_warps": 2, "CHUNKS": 64, "num_stages": 1}   # values no axis lists start the grid all the same
+    assert tune.candidates(odd)[0] == odd and {c["num_warps"] for c in tune.candidates(odd)} == {2, 4, 8}
 
 
 def test_tune_picks_the_fastest_and_respects_the_budget():

@@ -163,6 +163,9 @@ def candidates(config: dict) -> list[dict]:
             axes[k] = [64, 128]
         elif k == "WS_STAGES":
             axes[k] = [2, 3]
+    for k, values in axes.items():   # the start's own value too (a stored or hand-set config can hold any)
+        if config[k] not in values:
+            axes[k] = [config[k]] + values
     keys = list(axes)
     base = {k: config[k] for k in keys}
     grid, seen = [], set()
