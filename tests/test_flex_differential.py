@@ -3,14 +3,14 @@ code writes, run through neptune_eqsat.flex_attention and through torch's own fl
 CPU): the same outputs, or the same kind of error.
 
 NEPTUNE_FLEX_EXAMPLES=200 python -m pytest tests/test_flex_differential.py   (the default run tries 6 callables;
-CI tries 18 others in its slow pass, 24 in all)
+CI tries 18 others in its slow pass, 24 in all; NEPTUNE_FLEX_SEED=7 draws other callables than those)
 """
 import os
 import warnings
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, seed, settings, strategies as st
 from torch.nn.attention.flex_attention import create_block_mask
 from torch.nn.attention.flex_attention import flex_attention as torch_flex
 
@@ -20,6 +20,7 @@ from conftest import DEVICE
 
 EXAMPLES = int(os.environ.get("NEPTUNE_FLEX_EXAMPLES", 6))
 SLOW_EXAMPLES = 18   # more callables, other than the default run's, in the slow pass
+FRESH_SEED = os.environ.get("NEPTUNE_FLEX_SEED")   # an integer: callables other than every run's fixed draws
 TOLERANCE = {torch.float16: 2e-2, torch.bfloat16: 6e-2, torch.float32: 2e-4}
 INDEX = ("b", "h", "q_idx", "kv_idx")
 
@@ -105,10 +106,13 @@ CASES = dict(score_tree=st.none() | scores(), mask_tree=st.none() | conditions(2
 
 def random_cases(examples: int):
     """Derandomized: each test draws the same callables in every run, and two tests (whose seeds come from their
-    own names) draw different ones."""
-    return lambda test: settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-                                 phases=[Phase.explicit, Phase.generate],
-                                 suppress_health_check=list(HealthCheck))(given(**CASES)(test))
+    own names) draw different ones; NEPTUNE_FLEX_SEED draws others, the same for the same seed."""
+    def wrap(test):
+        test = settings(max_examples=examples, deadline=None, derandomize=FRESH_SEED is None, database=None,
+                        phases=[Phase.explicit, Phase.generate],
+                        suppress_health_check=list(HealthCheck))(given(**CASES)(test))
+        return test if FRESH_SEED is None else seed(int(FRESH_SEED))(test)
+    return wrap
 
 
 @random_cases(EXAMPLES)
