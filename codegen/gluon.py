@@ -103,11 +103,18 @@ def tile_lines(row_blocks: str, grid_tiles: str, tiles: str, ordered: bool) -> l
     run first, so the last wave is short: ORDER 1 takes the grid indices one after another, each longest first;
     ORDER 2 takes the longest row block of every grid index first, and persistent programs run alternate rounds
     backwards, so that each program's tiles add up to about the same work (program p of P runs tiles p,
-    2P - 1 - p, 2P + p, ...; a last round that does not fill every program runs forwards)."""
+    2P - 1 - p, 2P + p, ...; a last round that does not fill every program runs forwards); ORDER 3 takes GROUP
+    grid indices at a time (the launcher's _group_size: those one wave's row blocks cover), longest first across
+    the group, so a wave reads the loop operands of a few grid indices, which stay in the L2 cache."""
     if not ordered:
         return ["tile = slot", f"pid_row = tile % {row_blocks}", f"pid_grid = tile // {row_blocks}"]
     return ["tile = slot",
-            "if ORDER == 2:",
+            "if ORDER == 3:",
+            f"    first = tile // ({row_blocks} * GROUP) * GROUP   # the group's first grid index",
+            f"    members = gl.minimum(GROUP, {grid_tiles} - first)",
+            f"    pid_row = {row_blocks} - 1 - (tile - first * {row_blocks}) // members",
+            f"    pid_grid = first + (tile - first * {row_blocks}) % members",
+            "elif ORDER == 2:",
             "    rnd = slot // gl.num_programs(0)",
             f"    if rnd % 2 == 1 and (rnd + 1) * gl.num_programs(0) <= {tiles}:",
             "        tile = (2 * rnd + 1) * gl.num_programs(0) - 1 - slot",
@@ -239,7 +246,8 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
         pointers += [f"{n}_ptr"] + [f"{n}_s{k}" for k in range(len(w.spec.inputs[n].shape))]
     for stem, _, axes in m.extras:
         pointers += [f"{stem}_ptr"] + [f"{stem}_s{k}" for k in range(len(axes))]
-    params = [a_param, b_param, v_param, "out_desc"] + pointers + [f"{t.param}_ptr" for t in w.tables.values()] + dims
+    params = ([a_param, b_param, v_param, "out_desc"] + pointers + [f"{t.param}_ptr" for t in w.tables.values()] + dims
+              + (["GROUP"] if ordered else []))
     shared = ["a_smem", "b_smem", "v_smem", "o_smem", "a_bar", "a_free", "kv_ready", "kv_empty", "v_ready", "v_empty",
               "turns"]
     consts = ["BLOCK_I", "BLOCK_J", "STAGES", "O_BUF"] + (["ORDER"] if ordered else [])

@@ -217,6 +217,8 @@ def _gluon_launch(w: GluonWriter, sched: Schedule) -> list[str]:
               "        gluon_cfg['O_BUF'], gluon_cfg['STAGES'] = _output_buffer(%s, out_desc, cfg['WS_OUT_BUF'], "
               "cfg['WS_STAGES'], %d)" % (
                   ", ".join(w.operands[k][0] for k in "abv"), CONSUMERS),
+              *([f"        GROUP = _group_size(cfg['WS_ORDER'], -(-{w.ext(sched.row)} // {GLUON_ROWS}), "
+                 f"{' * '.join(w.ext(g) for g in sched.grid) or '1'}, device)"] if "GROUP" in w.params else []),
               f"        gluon_args = ({_call_args(w.params)},)",
               "        gluon_consts = (%s,)" % ", ".join(f"gluon_cfg[{c!r}]" for c in w.constexprs),
               f"        use_gluon = _gluon_ready({kernel}, gluon_args, gluon_cfg, gluon_consts, config)",

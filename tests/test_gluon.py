@@ -66,7 +66,7 @@ for path in sys.argv[2:]:
     spec.loader.exec_module(mod)
     cfg = mod.CONFIG
     values = {"BLOCK_I": 128, "BLOCK_J": cfg["WS_BLOCK_J"], "STAGES": 2 if out_buf else cfg["WS_STAGES"],
-              "ORDER": 2, "O_BUF": out_buf}
+              "ORDER": 3 if out_buf else 2, "O_BUF": out_buf}   # (both tile orders of a causal mask compile)
 
     def descriptor(name):
         if "_desc" not in name:
@@ -171,26 +171,44 @@ def test_listed_masks_of_positions_get_a_gluon_kernel_that_walks_their_lists(tmp
         assert int(warps) == 12 and int(products) > 0 and "('inc', '240')" in regs
 
 
-def _tiles_run(programs, row_blocks, heads, order):
+def _tiles_run(programs, row_blocks, heads, order, group=1):
     """(pid_row, pid_grid) of each tile each program runs, by executing the kernel's slot -> tile lines."""
-    class gl:   # the two calls the lines make
+    class gl:   # the calls the lines make
         num_programs = staticmethod(lambda axis: programs)
+        minimum = staticmethod(min)
     code = "\n".join(tile_lines(str(row_blocks), str(heads), str(row_blocks * heads), order is not None))
     runs = []
     for p in range(programs):
         runs.append([])
         for slot in range(p, row_blocks * heads, programs):
-            scope = {"gl": gl, "slot": slot, "ORDER": order}
+            scope = {"gl": gl, "slot": slot, "ORDER": order, "GROUP": group}
             exec(code, scope)
             runs[-1].append((scope["pid_row"], scope["pid_grid"]))
     return runs
 
 
-@pytest.mark.parametrize("order", [None, 1, 2])
+@pytest.mark.parametrize("order, group", [(None, 1), (1, 1), (2, 1), (3, 1), (3, 16), (3, 5), (3, 64)])
 @pytest.mark.parametrize("programs", [132, 512, 7])
-def test_every_tile_runs_once_in_every_order(order, programs):
-    runs = _tiles_run(programs, 8, 64, order)
+def test_every_tile_runs_once_in_every_order(order, group, programs):
+    runs = _tiles_run(programs, 8, 64, order, group)
     assert sorted(t for run in runs for t in run) == [(r, h) for r in range(8) for h in range(64)]
+
+
+def test_grouped_order_keeps_a_wave_on_few_grid_indices_longest_first(monkeypatch):
+    """ORDER 3 with the launcher's GROUP (one wave of 132 programs over 32 row blocks: 4 heads) starts a program
+    per tile in group order: each wave of 132 tiles touches at most 2 groups' heads (8), where ORDER 2's first
+    wave touches all 32, and within a group the longest row blocks start first."""
+    from neptune_eqsat.runtime import launch
+    monkeypatch.setattr(launch, "_program_slots", lambda device: 132)
+    group = launch._group_size(3, 32, 32, None)
+    assert group == 4 and launch._group_size(3, 128, 32, None) == 1
+    order = [run[0] for run in _tiles_run(32 * 32, 32, 32, 3, group)]   # a program per tile: the start order
+    for wave in range(0, len(order), 132):
+        assert len({h for _, h in order[wave:wave + 132]}) <= 8
+    assert len({h for _, h in (run[0] for run in _tiles_run(32 * 32, 32, 32, 2)[:132])}) == 32
+    for g in range(8):
+        rows = [r for r, h in order if h // 4 == g]
+        assert rows == sorted(rows, reverse=True)
 
 
 def test_with_a_causal_mask_persistent_programs_get_even_work():

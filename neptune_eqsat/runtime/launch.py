@@ -41,8 +41,9 @@ def _program_slots(device):
 
 
 def _group_size(order, row_blocks, grid, device):
-    """The grid indices a Gluon gradient kernel's programs take at a time (its GROUP): all of them for ORDER 2,
-    else as many as one wave of programs (one a multiprocessor) covers with their row blocks, at least one."""
+    """The grid indices a Gluon kernel's programs take at a time (its GROUP; a forward kernel's ORDER 3, a
+    gradient kernel's every order): all of them for ORDER 2, else as many as one wave of programs (one a
+    multiprocessor) covers with their row blocks, at least one."""
     if order == 2:
         return grid
     return max(1, min(grid, round(_program_slots(device) / max(row_blocks, 1))))

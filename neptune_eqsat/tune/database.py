@@ -151,8 +151,8 @@ def candidates(config: dict) -> list[dict]:
             axes[k] = [1, 2, 3, 4]
         elif k == "ROW_ORDER":
             axes[k] = [0, 1, 2]
-        elif k == "WS_ORDER":
-            axes[k] = [1, 2]
+        elif k == "WS_ORDER":   # 3, the forward kernel's grouped order (a gradient kernel's ORDER 1 groups already)
+            axes[k] = [1, 2, 3] if "WS_PERSISTENT" in config else [1, 2]
         elif k in ("USE_TMA", "STREAM", "WS_PERSISTENT", "WS_OUT_BUF"):
             axes[k] = [0, 1]
         elif k == "CHUNKS":
