@@ -224,7 +224,10 @@ def _gluon_launch(w: GluonWriter, sched: Schedule) -> list[str]:
               f"        use_gluon = _gluon_ready({kernel}, gluon_args, gluon_cfg, gluon_consts, config)",
               "    if use_gluon:",
               f"        tiles = -(-{w.ext(sched.row)} // {GLUON_ROWS}) * {' * '.join(w.ext(g) for g in sched.grid) or '1'}",
-              "        programs = min(tiles, _sm_count(device)) if cfg['WS_PERSISTENT'] else tiles",
+              # ORDER 3 runs a program per tile: the GPU starts them in order as multiprocessors free up, which
+              # balances a grouped order (static rounds of persistent programs left one 1.7x the mean work)
+              "        programs = min(tiles, _sm_count(device)) if cfg['WS_PERSISTENT']%s else tiles" % (
+                  " and cfg['WS_ORDER'] != 3" if "ORDER" in w.constexprs else ""),
               f"        _launch(rec, {kernel}, (max(programs, 1),), gluon_args, gluon_cfg, gluon_consts)"]
     return lines
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from neptune_eqsat import ir
 from neptune_eqsat.codegen.gluon import eligible
 from neptune_eqsat.codegen.gluon_gradients import match_gradients
+from neptune_eqsat.codegen.hygiene import check_names
 from neptune_eqsat.codegen.module import module_source
 from neptune_eqsat.codegen.staged_module import module_source as staged_module_source
 from neptune_eqsat.plan.cost import Device, PlanCost, plan_cost
@@ -229,6 +230,7 @@ def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, devic
     tuned = config_for(measured, best.family)
     src = module_source(best.plan, module_name(spec), spec_file or "SPEC.py", out_file or "OUT.py",
                         tuned, configs_by_gpu(spec.name, best.family), device.name)
+    check_names(src, spec)
     return Result(spec, sat, cands, src, tuned, device, measured, key_prefix(spec.name, sizes, device.name), plan)
 
 

@@ -211,6 +211,22 @@ def test_grouped_order_keeps_a_wave_on_few_grid_indices_longest_first(monkeypatc
         assert rows == sorted(rows, reverse=True)
 
 
+def test_a_grouped_order_is_one_move_of_the_tuner_and_runs_a_program_per_tile():
+    """ORDER 3 is balanced by the GPU starting a program per tile in order (persistent programs taking static
+    rounds of the grouped order are not), so the tuner tries it as a single change with WS_PERSISTENT 0, and the
+    launcher starts a program per tile under ORDER 3 whatever WS_PERSISTENT says."""
+    base = {"num_warps": 8, "BLOCK_I": 128, "BLOCK_J": 128, "BACKEND": "gluon", "WS_BLOCK_J": 128, "WS_STAGES": 3,
+            "WS_PERSISTENT": 1, "WS_ORDER": 2}
+    grid = candidates(base)
+    grouped = [c for c in grid if c["WS_ORDER"] == 3]
+    assert grouped and all(c["WS_PERSISTENT"] == 0 for c in grouped)
+    singles = [c for c in grid if sum(c[k] != base[k] for k in base) == 1]
+    assert grid.index({**base, "WS_ORDER": 3, "WS_PERSISTENT": 0}) <= len(singles) + 1
+    result, _ = compiled(str(SPECS / "causal_pf.py"))
+    assert "if cfg['WS_PERSISTENT'] and cfg['WS_ORDER'] != 3 else tiles" in result.source
+    assert "GROUP = _group_size(cfg['WS_ORDER']" in result.source
+
+
 def test_with_a_causal_mask_persistent_programs_get_even_work():
     """Row block r of a causal tile runs r + 1 key blocks. ORDER 2 starts the longest everywhere and runs odd
     rounds backwards: 64 heads x 8 row blocks on 132 programs end within 1.1x of the mean work, where taking
