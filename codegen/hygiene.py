@@ -78,7 +78,9 @@ def name_clashes(source: str, dims: list[str], inputs: list[str]) -> list[str]:
                     for n in (ast.walk(t) if t is not None else ()):
                         if isinstance(n, ast.Name) and n.id in kind:
                             stores.setdefault(n.id, []).append(value)
-        local = set(params) | set(stores)
+        # in a kernel a spec's name is a parameter (a dim) or nothing of the spec's (an input there is x_ptr, x_s0,
+        # ...: a kernel's own x, as the rounding kernel's, is no clash); in a launcher a dim is read from sizes
+        local = set(params) | (set() if kernel else set(stores))
         for u in kind:
             if u not in local:
                 continue

@@ -262,8 +262,13 @@ def _as_stages(spec: Spec, sizes: dict[str, int], device: Device, limits: Limits
         return None
     if not stages:
         return None
-    parts = tuple((st, optimize(st.spec, sizes, device, limits)) for st in stages)
-    final = optimize(last, sizes, device, limits)
+    try:
+        parts = tuple((st, optimize(st.spec, sizes, device, limits)) for st in stages)
+        final = optimize(last, sizes, device, limits)
+    except SpecError:   # a stage's module clashes with a name of the spec (hygiene.py): the one kernel, if any
+        if every:
+            return None
+        raise
     source = staged_module_source(spec, [(st, r.source) for st, r in parts], last, final.source)
     return replace(final, spec=spec, source=source, stages=parts, last=final)
 
