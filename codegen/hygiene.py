@@ -56,14 +56,14 @@ def name_clashes(source: str, dims: list[str], inputs: list[str]) -> list[str]:
         return next((u for u in sorted(kind, key=len, reverse=True)
                      if name == u or name.startswith(u + "_")), None)
 
-    order = list(inputs)
     for fn in ast.walk(tree):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         a = fn.args
-        params = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs + [x for x in (a.vararg, a.kwarg) if x]]
+        positional = [p.arg for p in a.posonlyargs + a.args]
+        params = positional + [p.arg for p in a.kwonlyargs + [x for x in (a.vararg, a.kwarg) if x]]
         kernel = any("jit" in ast.unparse(d) for d in fn.decorator_list)
-        if not (kernel or [p.arg for p in a.posonlyargs + a.args] == order):
+        if not (kernel or positional == inputs):
             continue   # a helper of the runtime (not a launcher taking the inputs): its names are its own
         for p in sorted({p for p in params if params.count(p) > 1}):
             u = owner(p)

@@ -198,6 +198,7 @@ def _gluon_launch(w: GluonWriter, sched: Schedule) -> list[str]:
     """Launcher lines running the Gluon kernel when the config asks for it on a Hopper GPU and every descriptor
     can be built; they open an if whose else runs the Triton kernel."""
     sizes = {"BLOCK_I": str(GLUON_ROWS), "BLOCK_J": "cfg['WS_BLOCK_J']"}
+    row_blocks, grid = f"-(-{w.ext(sched.row)} // {GLUON_ROWS})", " * ".join(w.ext(g) for g in sched.grid) or "1"
     lines = ["    gluon_descs = (None,)",
              "    if cfg.get('BACKEND') == 'gluon' and device.type == 'cuda' and _hopper(device):"]
     names = []
@@ -217,15 +218,14 @@ def _gluon_launch(w: GluonWriter, sched: Schedule) -> list[str]:
               "        gluon_cfg['O_BUF'], gluon_cfg['STAGES'] = _output_buffer(%s, out_desc, cfg['WS_OUT_BUF'], "
               "cfg['WS_STAGES'], %d)" % (
                   ", ".join(w.operands[k][0] for k in "abv"), CONSUMERS),
-              *([f"        GROUP = _group_size(cfg['WS_ORDER'], -(-{w.ext(sched.row)} // {GLUON_ROWS}), "
-                 f"{' * '.join(w.ext(g) for g in sched.grid) or '1'}, device)"] if "GROUP" in w.params else []),
+              *([f"        GROUP = _group_size(cfg['WS_ORDER'], {row_blocks}, {grid}, device)"]
+                if "GROUP" in w.params else []),
               f"        gluon_args = ({_call_args(w.params)},)",
               "        gluon_consts = (%s,)" % ", ".join(f"gluon_cfg[{c!r}]" for c in w.constexprs),
               f"        use_gluon = _gluon_ready({kernel}, gluon_args, gluon_cfg, gluon_consts, config)",
               "    if use_gluon:",
-              f"        tiles = -(-{w.ext(sched.row)} // {GLUON_ROWS}) * {' * '.join(w.ext(g) for g in sched.grid) or '1'}",
-              # ORDER 3 runs a program per tile: the GPU starts them in order as multiprocessors free up, which
-              # balances a grouped order (static rounds of persistent programs left one 1.7x the mean work)
+              f"        tiles = {row_blocks} * {grid}",
+              # ORDER 3 runs a program per tile: started in order as SMs free up, which balances the grouped order
               "        programs = min(tiles, _sm_count(device)) if cfg['WS_PERSISTENT']%s else tiles" % (
                   " and cfg['WS_ORDER'] != 3" if "ORDER" in w.constexprs else ""),
               f"        _launch(rec, {kernel}, (max(programs, 1),), gluon_args, gluon_cfg, gluon_consts)"]

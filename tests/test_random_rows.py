@@ -11,9 +11,10 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, note, settings, strategies as st
+from hypothesis import strategies as st
 
 from conftest import run_against_reference
+from test_random_specs import random_specs, written_spec
 from neptune_eqsat.frontend.reference import tolerance
 
 EXAMPLES = int(os.environ.get("NEPTUNE_RANDOM_SPECS", "4"))
@@ -72,30 +73,20 @@ ROWS = dict(chain=st.sampled_from(sorted(CHAINS)), e=elementwise(2), g=elementwi
             rows=st.integers(1, 5), n=st.integers(1, 70))
 
 
-def random_rows(examples: int):
-    return lambda test: settings(max_examples=examples, deadline=None, database=None,
-                                 phases=(Phase.explicit, Phase.reuse, Phase.generate),
-                                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])(
-        given(**ROWS)(test))
-
-
-@random_rows(EXAMPLES)
+@random_specs(EXAMPLES, ROWS)
 def test_random_row_reductions_match_float64(tmp_path_factory, chain, e, g, dtype, out, rows, n):
     check_random_rows(tmp_path_factory, chain, e, g, dtype, out, rows, n)
 
 
 @pytest.mark.slow
-@random_rows(SLOW_EXAMPLES)
+@random_specs(SLOW_EXAMPLES, ROWS)
 def test_more_random_row_reductions_match_float64(tmp_path_factory, chain, e, g, dtype, out, rows, n):
     check_random_rows(tmp_path_factory, chain, e, g, dtype, out, rows, n)
 
 
 def check_random_rows(tmp_path_factory, chain, e, g, dtype, out, rows, n):
-    text = spec_text(chain, e, g, dtype, out)
-    note(f"spec file reproducing this case (run with R={rows}, N={n}):\n{text}")
-    path = tmp_path_factory.mktemp("random_rows") / f"rows_{abs(hash(text)) % 10**12}.py"
-    path.write_text(text)
-    got, ref, err = run_against_reference(str(path), {"R": rows, "N": n}, seed=n)
+    path = written_spec(tmp_path_factory, spec_text(chain, e, g, dtype, out), f"R={rows}, N={n}", "rows")
+    got, ref, err = run_against_reference(path, {"R": rows, "N": n}, seed=n)
     assert not torch.isnan(got).any(), "NaN in kernel output"
     # Triton's interpreter truncates fp32 to bf16 (the GPU rounds to nearest): a bf16 output may be off by one
     # unit in its last place, 2^-7 of its size, beyond the absolute tolerance where it is large

@@ -74,13 +74,21 @@ SPECS = dict(mod=score_mods(3), mask=masks, hkv=st.integers(1, 2), group=st.samp
              dim=st.sampled_from([16, 24, 32, 48, 64, 128]), batch=st.integers(1, 2), seq=st.integers(1, 40))
 
 
-def random_specs(examples: int):
+def random_specs(examples: int, strategies: dict = SPECS):
     # no shrinking and no explaining: each step compiles a spec and interprets its kernel (seconds), and the
     # explain phase traces every line the interpreter runs; one failing spec held a run for over half an hour
     return lambda test: settings(max_examples=examples, deadline=None, database=None,
                                  phases=(Phase.explicit, Phase.reuse, Phase.generate),
                                  suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])(
-        given(**SPECS)(test))
+        given(**strategies)(test))
+
+
+def written_spec(tmp_path_factory, text: str, run_with: str, stem: str) -> str:
+    """A random spec's text as a file of its own, noted (with the sizes to run it at) for a failure's report."""
+    note(f"spec file reproducing this case (run with {run_with}):\n{text}")
+    path = tmp_path_factory.mktemp(f"{stem}_specs") / f"{stem}_{abs(hash(text)) % 10**12}.py"
+    path.write_text(text)
+    return str(path)
 
 
 @random_specs(EXAMPLES)
@@ -96,9 +104,5 @@ def test_more_random_attention_specs_match_float64(tmp_path_factory, mod, mask, 
 
 
 def check_random_spec(tmp_path_factory, mod, mask, hkv, group, dim, batch, seq):
-    text = spec_text(mod, mask, hkv, group, dim)
-    note(f"spec file reproducing this case (run with B={batch}, S={seq}):\n{text}")
-    folder = tmp_path_factory.mktemp("random_specs")
-    path = folder / f"random_{abs(hash(text)) % 10**12}.py"
-    path.write_text(text)
-    assert_close(str(path), {"B": batch, "S": seq}, seed=seq)
+    path = written_spec(tmp_path_factory, spec_text(mod, mask, hkv, group, dim), f"B={batch}, S={seq}", "random")
+    assert_close(path, {"B": batch, "S": seq}, seed=seq)
