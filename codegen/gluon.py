@@ -10,20 +10,20 @@ row factor. The kernel then splits its warps into three partitions:
                  term (emitted by the same writer as the Triton kernels), the row reductions, and P V
     consumer 1   rows 64-127: the same
 
-A program runs one tile (128 rows at one index of the grid axes) or, with persistent programs, every tile
-whose number is its own modulo the program count, copying a tile's first blocks while the last tile's output
-still leaves through A. With O_BUF (the tunable WS_OUT_BUF, where shared memory holds it) the output leaves
-through a buffer of its own instead, the next tile's A is copied as soon as this tile's last A B^T is done, and
-B and V have barriers of their own: a B stage is free after its A B^T, a block before its V, which is what
-lets 2 stages (the most that fit beside the buffer) keep the products fed. (Choosing the buffer at run time
-between two of A instead made ptxas 12.8 reuse a descriptor computed in a loop's preheader that a tile
-skipping that loop never ran: bench/experiments/2026-11-28-prefill-boundary.) Under a causal mask the tiles
-are numbered longest first (see tile_lines). The consumers take turns issuing their matrix products (one
-computes exponentials while the other's products run), and within a consumer the product P V of one block
-runs while the next block's per-element work is computed: the state is repaired after that product, which is
-the same sum because the repair is a row factor, acc' = (acc + P_prev V_prev) * factor. This is how
-FlashAttention-3 and cuDNN lay out Hopper attention; the Triton kernels of kernel.py cannot express it (Triton
-3.6 specializes warps only on Blackwell).
+A program runs one tile (128 rows at one index of the grid axes) or, with persistent programs, every tile whose
+number is its own modulo the program count (in the grouped order, the tiles the launcher planned for it), copying
+a tile's first blocks while the last tile's output still leaves through A. With O_BUF (the tunable WS_OUT_BUF,
+where shared memory holds it) the output leaves through a buffer of its own instead, the next tile's A is copied
+as soon as this tile's last A B^T is done, and B and V have barriers of their own: a B stage is free after its A
+B^T, a block before its V, which is what lets 2 stages (the most that fit beside the buffer) keep the products
+fed. (Choosing the buffer at run time between two of A instead made ptxas 12.8 reuse a descriptor computed in a
+loop's preheader that a tile skipping that loop never ran: bench/experiments/2026-11-28-prefill-boundary.) Under a
+causal mask the tiles are numbered longest first (see tile_order.py). The consumers take turns issuing their
+matrix products (one computes exponentials while the other's products run), and within a consumer the product P V
+of one block runs while the next block's per-element work is computed: the state is repaired after that product,
+which is the same sum because the repair is a row factor, acc' = (acc + P_prev V_prev) * factor. This is how
+FlashAttention-3 and cuDNN lay out Hopper attention; the Triton kernels of kernel.py cannot express it (Triton 3.6
+specializes warps only on Blackwell).
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ from .gluon_writer import (CONSUMERS, GLUON_DTYPE, ROWS, GluonWriter, NotEligibl
                            start_partitions)
 from .kernel import grid_sizes, jit_decorator
 from .loops import grid_index_lines, mask_bounds, pass_bounds, pass_table
+from .tile_order import slot_loop, tile_lines
 from .values import Context, Val
 
 # the consumers take turns issuing their products: consumer 0's turn t follows t turns of consumer 1, consumer
@@ -93,36 +94,6 @@ def _check_shape(sched: Schedule) -> None:
     for ax in (sched.col, sched.inner[0]):
         if spec.extent(ax) not in (64, 128):
             raise NotEligible(f"axis {ax} has extent {spec.extent(ax)}; the warpgroup products take 64 or 128")
-
-
-def tile_lines(row_blocks: str, grid_tiles: str, tiles: str, ordered: bool) -> list[str]:
-    """Lines giving the tile (pid_row, pid_grid) that a program runs in its loop slot `slot`.
-
-    Without a mask that makes later row blocks longer, tiles go one grid index after another (the blocks of one
-    index share their loop-axis operands in cache). With one (`ordered`: a causal mask), the longest row blocks
-    run first, so the last wave is short: ORDER 1 takes the grid indices one after another, each longest first;
-    ORDER 2 takes the longest row block of every grid index first, and persistent programs run alternate rounds
-    backwards, so that each program's tiles add up to about the same work (program p of P runs tiles p,
-    2P - 1 - p, 2P + p, ...; a last round that does not fill every program runs forwards); ORDER 3 takes GROUP
-    grid indices at a time (the launcher's _group_size: those one wave's row blocks cover), longest first across
-    the group, so a wave reads the loop operands of a few grid indices, which stay in the L2 cache."""
-    if not ordered:
-        return ["tile = slot", f"pid_row = tile % {row_blocks}", f"pid_grid = tile // {row_blocks}"]
-    return ["tile = slot",
-            "if ORDER == 3:",
-            f"    first = tile // ({row_blocks} * GROUP) * GROUP   # the group's first grid index",
-            f"    members = gl.minimum(GROUP, {grid_tiles} - first)",
-            f"    pid_row = {row_blocks} - 1 - (tile - first * {row_blocks}) // members",
-            f"    pid_grid = first + (tile - first * {row_blocks}) % members",
-            "elif ORDER == 2:",
-            "    rnd = slot // gl.num_programs(0)",
-            f"    if rnd % 2 == 1 and (rnd + 1) * gl.num_programs(0) <= {tiles}:",
-            "        tile = (2 * rnd + 1) * gl.num_programs(0) - 1 - slot",
-            f"    pid_row = {row_blocks} - 1 - tile // ({grid_tiles})",
-            f"    pid_grid = tile % ({grid_tiles})",
-            "else:",
-            f"    pid_row = {row_blocks} - 1 - tile % {row_blocks}",
-            f"    pid_grid = tile // {row_blocks}"]
 
 
 @dataclass
@@ -247,7 +218,7 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
     for stem, _, axes in m.extras:
         pointers += [f"{stem}_ptr"] + [f"{stem}_s{k}" for k in range(len(axes))]
     params = ([a_param, b_param, v_param, "out_desc"] + pointers + [f"{t.param}_ptr" for t in w.tables.values()] + dims
-              + (["GROUP"] if ordered else []))
+              + (["GROUP", "tile_plan_ptr"] if ordered else []))
     shared = ["a_smem", "b_smem", "v_smem", "o_smem", "a_bar", "a_free", "kv_ready", "kv_empty", "v_ready", "v_empty",
               "turns"]
     consts = ["BLOCK_I", "BLOCK_J", "STAGES", "O_BUF"] + (["ORDER"] if ordered else [])
@@ -289,7 +260,7 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
         "        it += 1",
         "tiles_done += 1"]
     producer = ["it = 0   # key blocks copied, over all tiles (ring stage and phase)", "tiles_done = 0",
-                f"for slot in range(gl.program_id(0), {tiles}, gl.num_programs(0)):"] + ["    " + x for x in tile_body]
+                *slot_loop(tiles, ordered)] + ["    " + x for x in tile_body]
     layouts = [
         f"INNER: gl.constexpr = {w.ext(inner)}",
         f"COLS: gl.constexpr = {w.ext(col)}",
@@ -361,8 +332,7 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
         "else:   # a stage of B and V, released once both consumers' P V of it is done",
         "    v_free = kv_empty",
         "it = 0   # key blocks used, over all tiles (ring stage and phase)", "turn = 0",
-                          "tiles_done = 0",
-                          f"for slot in range(gl.program_id(0), {tiles}, gl.num_programs(0)):"] + [
+                          "tiles_done = 0", *slot_loop(tiles, ordered)] + [
         "    " + x for x in tile_body] + ["tma.store_wait(pendings=0)   # the last tile's output"]
 
     args = ", ".join(params + shared)

@@ -218,16 +218,16 @@ def _gluon_launch(w: GluonWriter, sched: Schedule) -> list[str]:
               "        gluon_cfg['O_BUF'], gluon_cfg['STAGES'] = _output_buffer(%s, out_desc, cfg['WS_OUT_BUF'], "
               "cfg['WS_STAGES'], %d)" % (
                   ", ".join(w.operands[k][0] for k in "abv"), CONSUMERS),
-              *([f"        GROUP = _group_size(cfg['WS_ORDER'], {row_blocks}, {grid}, device)"]
+              f"        tiles = {row_blocks} * {grid}",
+              "        programs = min(tiles, _sm_count(device)) if cfg['WS_PERSISTENT'] else tiles",
+              *([f"        GROUP = _group_size(cfg['WS_ORDER'], {row_blocks}, {grid}, device)",
+                 f"        tile_plan = _tile_plan(rec, cfg['WS_ORDER'], {row_blocks}, {grid}, GROUP, programs, device)",
+                 "        gluon_cfg['ORDER'] += cfg['WS_ORDER'] == 3 and programs < tiles   # 4: ORDER 3, planned"]
                 if "GROUP" in w.params else []),
               f"        gluon_args = ({_call_args(w.params)},)",
               "        gluon_consts = (%s,)" % ", ".join(f"gluon_cfg[{c!r}]" for c in w.constexprs),
               f"        use_gluon = _gluon_ready({kernel}, gluon_args, gluon_cfg, gluon_consts, config)",
               "    if use_gluon:",
-              f"        tiles = {row_blocks} * {grid}",
-              # ORDER 3 runs a program per tile: started in order as SMs free up, which balances the grouped order
-              "        programs = min(tiles, _sm_count(device)) if cfg['WS_PERSISTENT']%s else tiles" % (
-                  " and cfg['WS_ORDER'] != 3" if "ORDER" in w.constexprs else ""),
               f"        _launch(rec, {kernel}, (max(programs, 1),), gluon_args, gluon_cfg, gluon_consts)"]
     return lines
 

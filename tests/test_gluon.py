@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from neptune_eqsat.codegen import gluon
-from neptune_eqsat.codegen.gluon import eligible, tile_lines
+from neptune_eqsat.codegen.gluon import eligible
+from neptune_eqsat.codegen.tile_order import slot_loop, tile_lines
 from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
+from neptune_eqsat.runtime import launch
 from neptune_eqsat.tune.database import candidates, tune
 
 from conftest import DEVICE, SPECS, compiled, on_device
@@ -66,7 +68,7 @@ for path in sys.argv[2:]:
     spec.loader.exec_module(mod)
     cfg = mod.CONFIG
     values = {"BLOCK_I": 128, "BLOCK_J": cfg["WS_BLOCK_J"], "STAGES": 2 if out_buf else cfg["WS_STAGES"],
-              "ORDER": 3 if out_buf else 2, "O_BUF": out_buf}   # (both tile orders of a causal mask compile)
+              "ORDER": 4 if out_buf else 2, "O_BUF": out_buf}   # (the planned grouped order compiles too)
 
     def descriptor(name):
         if "_desc" not in name:
@@ -172,18 +174,22 @@ def test_listed_masks_of_positions_get_a_gluon_kernel_that_walks_their_lists(tmp
 
 
 def _tiles_run(programs, row_blocks, heads, order, group=1):
-    """(pid_row, pid_grid) of each tile each program runs, by executing the kernel's slot -> tile lines."""
-    class gl:   # the calls the lines make
-        num_programs = staticmethod(lambda axis: programs)
-        minimum = staticmethod(min)
-    code = "\n".join(tile_lines(str(row_blocks), str(heads), str(row_blocks * heads), order is not None))
+    """(pid_row, pid_grid) of each tile each program runs, by executing the kernel's slot loop and slot -> tile
+    lines (under ORDER 3 with the launcher's plan)."""
+    planned = order == 3 and programs < row_blocks * heads   # the launcher's ORDER 4
+    plan = launch._plan_slots(row_blocks, heads, group, programs) if planned else [0]
+    tiles, ordered, order = str(row_blocks * heads), order is not None, 4 if planned else order
+    body = tile_lines(str(row_blocks), str(heads), tiles, ordered) + ["runs[-1].append((pid_row, pid_grid))"]
+    code = "\n".join(slot_loop(tiles, ordered) + ["    " + x for x in body])
     runs = []
     for p in range(programs):
+        class gl:   # the calls the lines make
+            program_id = staticmethod(lambda axis: p)
+            num_programs = staticmethod(lambda axis: programs)
+            minimum = staticmethod(min)
+            load = staticmethod(lambda at: plan[at])
         runs.append([])
-        for slot in range(p, row_blocks * heads, programs):
-            scope = {"gl": gl, "slot": slot, "ORDER": order, "GROUP": group}
-            exec(code, scope)
-            runs[-1].append((scope["pid_row"], scope["pid_grid"]))
+        exec(code, {"gl": gl, "ORDER": order, "GROUP": group, "tile_plan_ptr": 0, "runs": runs})
     return runs
 
 
@@ -198,7 +204,6 @@ def test_grouped_order_keeps_a_wave_on_few_grid_indices_longest_first(monkeypatc
     """ORDER 3 with the launcher's GROUP (one wave of 132 programs over 32 row blocks: 4 heads) starts a program
     per tile in group order: each wave of 132 tiles touches at most 2 groups' heads (8), where ORDER 2's first
     wave touches all 32, and within a group the longest row blocks start first."""
-    from neptune_eqsat.runtime import launch
     monkeypatch.setattr(launch, "_program_slots", lambda device: 132)
     group = launch._group_size(3, 32, 32, None)
     assert group == 4 and launch._group_size(3, 128, 32, None) == 1
@@ -211,20 +216,35 @@ def test_grouped_order_keeps_a_wave_on_few_grid_indices_longest_first(monkeypatc
         assert rows == sorted(rows, reverse=True)
 
 
-def test_a_grouped_order_is_one_move_of_the_tuner_and_runs_a_program_per_tile():
-    """ORDER 3 is balanced by the GPU starting a program per tile in order (persistent programs taking static
-    rounds of the grouped order are not), so the tuner tries it as a single change with WS_PERSISTENT 0, and the
-    launcher starts a program per tile under ORDER 3 whatever WS_PERSISTENT says."""
+def test_a_grouped_order_is_one_move_of_the_tuner_with_or_without_persistent_programs():
+    """The tuner tries ORDER 3 as a single change (persistent programs kept) and with a program per tile; the
+    launcher builds ORDER 3's plan for the programs it starts, and runs it as ORDER 4 where they are fewer than
+    the tiles."""
     base = {"num_warps": 8, "BLOCK_I": 128, "BLOCK_J": 128, "BACKEND": "gluon", "WS_BLOCK_J": 128, "WS_STAGES": 3,
             "WS_PERSISTENT": 1, "WS_ORDER": 2}
     grid = candidates(base)
-    grouped = [c for c in grid if c["WS_ORDER"] == 3]
-    assert grouped and all(c["WS_PERSISTENT"] == 0 for c in grouped)
+    assert {c["WS_PERSISTENT"] for c in grid if c["WS_ORDER"] == 3} == {0, 1}
     singles = [c for c in grid if sum(c[k] != base[k] for k in base) == 1]
-    assert grid.index({**base, "WS_ORDER": 3, "WS_PERSISTENT": 0}) <= len(singles) + 1
+    assert {**base, "WS_ORDER": 3} in singles
     result, _ = compiled(str(SPECS / "causal_pf.py"))
-    assert "if cfg['WS_PERSISTENT'] and cfg['WS_ORDER'] != 3 else tiles" in result.source
+    assert "programs = min(tiles, _sm_count(device)) if cfg['WS_PERSISTENT'] else tiles" in result.source
+    assert "tile_plan = _tile_plan(rec, cfg['WS_ORDER']" in result.source
+    assert "gluon_cfg['ORDER'] += cfg['WS_ORDER'] == 3 and programs < tiles" in result.source
     assert "GROUP = _group_size(cfg['WS_ORDER']" in result.source
+
+
+def test_persistent_programs_in_the_grouped_order_get_even_work_and_start_like_a_program_per_tile():
+    """ORDER 3's plan hands the grouped order's tiles out as a GPU starting a program per tile would: 132
+    persistent programs over causal 4k (32 heads x 32 row blocks, 4 heads a group) end within 1.02x of the mean
+    work (r + 2 a tile of row block r), their first tiles are the first wave of a program per tile, and each
+    program's later tiles come later in the grouped order; with a program per tile the plan is the order."""
+    persistent, one_each = _tiles_run(132, 32, 32, 3, 4), _tiles_run(32 * 32, 32, 32, 3, 4)
+    loads = [sum(r + 2 for r, _ in run) for run in persistent]
+    assert max(loads) <= 1.02 * sum(loads) / len(loads)
+    position = {run[0]: n for n, run in enumerate(one_each)}
+    assert [run[0] for run in persistent] == [run[0] for run in one_each[:132]]
+    assert all(position[a] < position[b] for run in persistent for a, b in zip(run, run[1:]))
+    assert launch._plan_slots(3, 5, 2, 15) == list(range(16)) + list(range(15))
 
 
 def test_with_a_causal_mask_persistent_programs_get_even_work():

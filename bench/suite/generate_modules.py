@@ -24,7 +24,7 @@ from bench.suite.attention import OPS
 # results/h100/: 2026-11-22-tuning-gluon, 2026-11-22-tile-order, 2026-11-22-tuning-stream, 2026-11-23-tuning-batch,
 # 2026-11-23-tuning-batch-small, 2026-11-27-one-warp-producer-raw-max/tuning; h200.json those of results/h200/:
 # 2026-11-23-tuning-decode, 2026-11-23-tuning-1k, 2026-11-28-output-buffer, 2026-11-28-tuning-decode-4k,
-# 2026-11-28-tile-groups
+# 2026-11-28-tile-groups, 2026-11-28-planned-tiles
 TUNING = ("h100", "h200")
 
 

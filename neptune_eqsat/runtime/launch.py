@@ -49,6 +49,46 @@ def _group_size(order, row_blocks, grid, device):
     return max(1, min(grid, round(_program_slots(device) / max(row_blocks, 1))))
 
 
+def _plan_slots(row_blocks, grid, group, programs):
+    """ORDER 3's plan for `programs` programs (codegen/tile_order.py): program p runs slots plan[p] ..
+    plan[p + 1] - 1, and slot k is position plan[programs + 1 + k] of the grouped order (GROUP grid indices at
+    a time, longest row block first). Positions go out in that order, each to the program that frees first
+    if a tile's work is its row block's key blocks (r + 1 under a causal mask) plus one for its start and end:
+    what a GPU starting a program a tile on each multiprocessor that frees up does, for persistent programs
+    that keep a tile's first loads beside the last tile's end. With a program a tile, program p runs position
+    p."""
+    import heapq
+    free = [(0, p) for p in range(programs)]
+    runs = [[] for _ in range(programs)]
+    for pos in range(row_blocks * grid):
+        first = pos // (row_blocks * group) * group
+        pid_row = row_blocks - 1 - (pos - first * row_blocks) // min(group, grid - first)
+        at, p = heapq.heappop(free)
+        runs[p].append(pos)
+        heapq.heappush(free, (at + pid_row + 2, p))
+    starts = [0]
+    for run in runs:
+        starts.append(starts[-1] + len(run))
+    return starts + [pos for run in runs for pos in run]
+
+
+_PLANS = {}   # (row blocks, grid, group, programs, device) -> ORDER 3's plan on the device
+
+
+def _tile_plan(rec, order, row_blocks, grid, group, programs, device):
+    """The tile_plan a forward Gluon kernel with ORDER reads (under ORDER 3 with fewer programs than tiles, which
+    the kernel runs as ORDER 4; else one unread entry), kept per sizes."""
+    planned = order == 3 and programs < row_blocks * grid
+    key = (row_blocks, grid, group, programs, device) if planned else device
+    hit = _PLANS.get(key)
+    if hit is None:
+        if len(_PLANS) > 256:   # lengths that change every call make new keys every call
+            _PLANS.clear()
+        plan = _plan_slots(row_blocks, grid, group, programs) if planned else [0]
+        hit = _PLANS[key] = torch.tensor(plan, dtype=torch.int32, device=device)
+    return rec.constant(hit) if rec is not None else hit
+
+
 def _split_pieces(tiles, loop_blocks, slots):
     """The pieces of a Gluon gradient kernel's tail (codegen/gluon_split_tail.py): (SPLIT_FIRST, the pieces'
     count, the table). The tiles of the whole waves run one a program; the loop blocks of those of the last,

@@ -175,15 +175,12 @@ def candidates(config: dict) -> list[dict]:
             unused = ([k for k in keys if k in GLUON_KEYS] if cfg["BACKEND"] != "gluon"
                       else [k for k in keys if k not in GLUON_KEYS + ("BACKEND",)])
             cfg.update({k: base[k] for k in unused})
-        if cfg.get("WS_ORDER") == 3 and "WS_PERSISTENT" in cfg:   # a grouped order runs a program per tile
-            cfg["WS_PERSISTENT"] = 0
         if tuple(cfg.values()) not in seen:
             seen.add(tuple(cfg.values()))
             grid.append(cfg)
     # the current default first (the baseline), then configs by how many tunables they change, so a search
     # cut short by its budget has tried every single change first
-    grid.sort(key=lambda c: sum(c[k] != base[k] for k in keys
-                                if not (k == "WS_PERSISTENT" and c.get("WS_ORDER") == 3)))
+    grid.sort(key=lambda c: sum(c[k] != base[k] for k in keys))
     return grid
 
 
