@@ -221,8 +221,8 @@ def _gluon_launch(w: GluonWriter, sched: Schedule) -> list[str]:
               f"        tiles = {row_blocks} * {grid}",
               "        programs = min(tiles, _sm_count(device)) if cfg['WS_PERSISTENT'] else tiles",
               *([f"        GROUP = _group_size(cfg['WS_ORDER'], {row_blocks}, {grid}, device)",
-                 f"        tile_plan = _tile_plan(rec, cfg['WS_ORDER'], {row_blocks}, {grid}, GROUP, programs, device)",
-                 "        gluon_cfg['ORDER'] += cfg['WS_ORDER'] == 3 and programs < tiles   # 4: ORDER 3, planned"]
+                 "        programs, gluon_cfg['ORDER'], tile_plan = _tile_plan(rec, cfg['WS_ORDER'], %s, %s, GROUP, "
+                 "programs, device)" % (row_blocks, grid)]
                 if "GROUP" in w.params else []),
               f"        gluon_args = ({_call_args(w.params)},)",
               "        gluon_consts = (%s,)" % ", ".join(f"gluon_cfg[{c!r}]" for c in w.constexprs),

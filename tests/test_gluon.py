@@ -229,7 +229,7 @@ def test_a_grouped_order_is_one_move_of_the_tuner_with_or_without_persistent_pro
     result, _ = compiled(str(SPECS / "causal_pf.py"))
     assert "programs = min(tiles, _sm_count(device)) if cfg['WS_PERSISTENT'] else tiles" in result.source
     assert "tile_plan = _tile_plan(rec, cfg['WS_ORDER']" in result.source
-    assert "gluon_cfg['ORDER'] += cfg['WS_ORDER'] == 3 and programs < tiles" in result.source
+    assert "programs, gluon_cfg['ORDER'], tile_plan = _tile_plan(rec, cfg['WS_ORDER']" in result.source
     assert "GROUP = _group_size(cfg['WS_ORDER']" in result.source
 
 
@@ -245,6 +245,19 @@ def test_persistent_programs_in_the_grouped_order_get_even_work_and_start_like_a
     assert [run[0] for run in persistent] == [run[0] for run in one_each[:132]]
     assert all(position[a] < position[b] for run in persistent for a, b in zip(run, run[1:]))
     assert launch._plan_slots(3, 5, 2, 15) == list(range(16)) + list(range(15))
+
+
+def test_the_launcher_plans_the_grouped_order_for_persistent_programs_up_to_a_bound():
+    """ORDER 3 with fewer programs than tiles runs as ORDER 4 with a plan; beyond PLANNED_TILES tiles a program
+    (the plan's host time grows with the tiles) and with a program per tile it runs ORDER 3 unplanned; other
+    orders read one unread entry."""
+    programs, order, plan = launch._tile_plan(None, 3, 32, 32, 4, 132, "cpu")
+    assert (programs, order, plan.tolist()) == (132, 4, launch._plan_slots(32, 32, 4, 132))
+    many = launch.PLANNED_TILES * 7 + 1
+    assert launch._tile_plan(None, 3, many, 1, 1, 7, "cpu")[:2] == (many, 3)
+    assert launch._tile_plan(None, 3, 32, 32, 4, 1024, "cpu")[:2] == (1024, 3)
+    programs, order, plan = launch._tile_plan(None, 2, 32, 32, 32, 132, "cpu")
+    assert (programs, order, plan.numel()) == (132, 2, 1)
 
 
 def test_with_a_causal_mask_persistent_programs_get_even_work():

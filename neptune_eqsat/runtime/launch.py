@@ -58,27 +58,40 @@ def _plan_slots(row_blocks, grid, group, programs):
     that keep a tile's first loads beside the last tile's end. With a program a tile, program p runs position
     p."""
     import heapq
-    free = [(0, p) for p in range(programs)]
-    runs = [[] for _ in range(programs)]
-    for pos in range(row_blocks * grid):
-        first = pos // (row_blocks * group) * group
-        pid_row = row_blocks - 1 - (pos - first * row_blocks) // min(group, grid - first)
-        at, p = heapq.heappop(free)
-        runs[p].append(pos)
-        heapq.heappush(free, (at + pid_row + 2, p))
-    starts = [0]
-    for run in runs:
-        starts.append(starts[-1] + len(run))
-    return starts + [pos for run in runs for pos in run]
+    free, owner = [(0, p) for p in range(programs)], []
+    for first in range(0, grid, group):
+        members = min(group, grid - first)
+        for r in range(row_blocks - 1, -1, -1):
+            for _ in range(members):
+                at, p = free[0]
+                owner.append(p)
+                heapq.heapreplace(free, (at + r + 2, p))
+    starts = [0] * (programs + 1)
+    for p in owner:
+        starts[p + 1] += 1
+    for p in range(programs):
+        starts[p + 1] += starts[p]
+    fill, order = starts[:-1], [0] * len(owner)
+    for pos, p in enumerate(owner):
+        order[fill[p]] = pos
+        fill[p] += 1
+    return starts + order
 
 
+# Planning takes host time that grows with the tiles (about 1 ms a thousand, once per sizes): beyond this many
+# tiles a program, ORDER 3 runs a program per tile, which the GPU balances as well.
+PLANNED_TILES = 64
 _PLANS = {}   # (row blocks, grid, group, programs, device) -> ORDER 3's plan on the device
 
 
 def _tile_plan(rec, order, row_blocks, grid, group, programs, device):
-    """The tile_plan a forward Gluon kernel with ORDER reads (under ORDER 3 with fewer programs than tiles, which
-    the kernel runs as ORDER 4; else one unread entry), kept per sizes."""
-    planned = order == 3 and programs < row_blocks * grid
+    """(the programs to start, the ORDER the forward Gluon kernel runs, the tile_plan it reads) for a kernel
+    with ORDER: ORDER 3 with fewer programs than tiles runs as ORDER 4, reading the plan (kept per sizes);
+    anything else reads one unread entry."""
+    tiles = row_blocks * grid
+    planned = order == 3 and programs < tiles
+    if planned and tiles > PLANNED_TILES * programs:
+        programs, planned = tiles, False
     key = (row_blocks, grid, group, programs, device) if planned else device
     hit = _PLANS.get(key)
     if hit is None:
@@ -86,7 +99,7 @@ def _tile_plan(rec, order, row_blocks, grid, group, programs, device):
             _PLANS.clear()
         plan = _plan_slots(row_blocks, grid, group, programs) if planned else [0]
         hit = _PLANS[key] = torch.tensor(plan, dtype=torch.int32, device=device)
-    return rec.constant(hit) if rec is not None else hit
+    return programs, order + planned, (rec.constant(hit) if rec is not None else hit)
 
 
 def _split_pieces(tiles, loop_blocks, slots):
