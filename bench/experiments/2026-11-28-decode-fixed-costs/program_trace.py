@@ -29,7 +29,8 @@ def traced(src: str) -> str:
     once("chunk_len, N_J_CHUNKS, tickets_ptr,\n", "chunk_len, N_J_CHUNKS, tickets_ptr, trace_ptr,\n")
     src = src.replace("N_J_CHUNKS, tickets,", "N_J_CHUNKS, tickets, TRACE,")
     program = "(tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0) + tl.program_id(0)"
-    once("    pid_chunk = tl.program_id(2)\n", f"    pid_chunk = tl.program_id(2)\n    _tr = trace_ptr + ({program}) * 6\n"
+    once("    pid_chunk = tl.program_id(2)\n",
+         f"    pid_chunk = tl.program_id(2)\n    _tr = trace_ptr + ({program}) * 6\n"
          f"    {STAMP.format(k=0)}\n    tl.store(_tr + 5, tl.extra.cuda.smid().to(tl.int64))\n")
     once("    # this chunk's partial results\n", f"    {STAMP.format(k=1)}\n    # this chunk's partial results\n")
     once("        tl.debug_barrier()\n        ticket =", f"        tl.debug_barrier()\n        {STAMP.format(k=2)}\n"
