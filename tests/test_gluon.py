@@ -228,7 +228,6 @@ def test_a_grouped_order_is_one_move_of_the_tuner_with_or_without_persistent_pro
     assert {**base, "WS_ORDER": 3} in singles
     result, _ = compiled(str(SPECS / "causal_pf.py"))
     assert "programs = min(tiles, _sm_count(device)) if cfg['WS_PERSISTENT'] else tiles" in result.source
-    assert "tile_plan = _tile_plan(rec, cfg['WS_ORDER']" in result.source
     assert "programs, gluon_cfg['ORDER'], tile_plan = _tile_plan(rec, cfg['WS_ORDER']" in result.source
     assert "GROUP = _group_size(cfg['WS_ORDER']" in result.source
 
