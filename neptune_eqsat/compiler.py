@@ -265,7 +265,7 @@ def _as_stages(spec: Spec, sizes: dict[str, int], device: Device, limits: Limits
     try:
         parts = tuple((st, optimize(st.spec, sizes, device, limits)) for st in stages)
         final = optimize(last, sizes, device, limits)
-    except SpecError:   # a stage's module clashes with a name of the spec (hygiene.py): the one kernel, if any
+    except SpecError:   # a stage refused, e.g. for a name clash (hygiene.py): optional stages fall back
         if every:
             return None
         raise

@@ -176,9 +176,10 @@ def test_listed_masks_of_positions_get_a_gluon_kernel_that_walks_their_lists(tmp
 def _tiles_run(programs, row_blocks, heads, order, group=1):
     """(pid_row, pid_grid) of each tile each program runs, by executing the kernel's slot loop and slot -> tile
     lines (under ORDER 3 with the launcher's plan)."""
-    planned = order == 3 and programs < row_blocks * heads   # the launcher's ORDER 4
-    plan = launch._plan_slots(row_blocks, heads, group, programs) if planned else [0]
-    tiles, ordered, order = str(row_blocks * heads), order is not None, 4 if planned else order
+    tiles, ordered, plan = str(row_blocks * heads), order is not None, [0]
+    if ordered:   # the launcher's choice: ORDER 3 with fewer programs than tiles runs as ORDER 4, with its plan
+        _, order, plan = launch._tile_plan(None, order, row_blocks, heads, group, programs, "cpu")
+        plan = plan.tolist()
     body = tile_lines(str(row_blocks), str(heads), tiles, ordered) + ["runs[-1].append((pid_row, pid_grid))"]
     code = "\n".join(slot_loop(tiles, ordered) + ["    " + x for x in body])
     runs = []

@@ -49,6 +49,17 @@ def _group_size(order, row_blocks, grid, device):
     return max(1, min(grid, round(_program_slots(device) / max(row_blocks, 1))))
 
 
+def _kept(cache, key, build):
+    """cache[key], built by build() the first time it is asked for; the cache starts over past 256 keys (lengths
+    that change every call make new keys every call)."""
+    hit = cache.get(key)
+    if hit is None:
+        if len(cache) > 256:
+            cache.clear()
+        hit = cache[key] = build()
+    return hit
+
+
 def _plan_slots(row_blocks, grid, group, programs):
     """ORDER 3's plan for `programs` programs (codegen/tile_order.py): program p runs slots plan[p] ..
     plan[p + 1] - 1, and slot k is position plan[programs + 1 + k] of the grouped order (GROUP grid indices at
@@ -93,12 +104,8 @@ def _tile_plan(rec, order, row_blocks, grid, group, programs, device):
     if planned and tiles > PLANNED_TILES * programs:
         programs, planned = tiles, False
     key = (row_blocks, grid, group, programs, device) if planned else device
-    hit = _PLANS.get(key)
-    if hit is None:
-        if len(_PLANS) > 256:   # lengths that change every call make new keys every call
-            _PLANS.clear()
-        plan = _plan_slots(row_blocks, grid, group, programs) if planned else [0]
-        hit = _PLANS[key] = torch.tensor(plan, dtype=torch.int32, device=device)
+    hit = _kept(_PLANS, key, lambda: torch.tensor(_plan_slots(row_blocks, grid, group, programs) if planned else [0],
+                                                  dtype=torch.int32, device=device))
     return programs, order + planned, (rec.constant(hit) if rec is not None else hit)
 
 
@@ -137,12 +144,11 @@ def _split_table(rec, tiles, loop_blocks, device, on=True):
     """(SPLIT_FIRST, TAIL, table) of a Gluon gradient kernel whose tiles are equal work, kept per sizes; with
     the split off, every tile a program of its own."""
     key = (tiles, loop_blocks, _program_slots(device) if on else 0, device)
-    hit = _SPLITS.get(key)
-    if hit is None:
-        if len(_SPLITS) > 256:   # lengths that change every call make new keys every call
-            _SPLITS.clear()
+
+    def build():
         first, n, table = _split_pieces(tiles, loop_blocks, key[2]) if on else (tiles, 0, [])
-        hit = _SPLITS[key] = (first, n, torch.tensor(table or [0], dtype=torch.int32, device=device))
+        return first, n, torch.tensor(table or [0], dtype=torch.int32, device=device)
+    hit = _kept(_SPLITS, key, build)
     return hit[0], hit[1], (rec.constant(hit[2]) if rec is not None else hit[2])
 
 
