@@ -129,9 +129,10 @@ def split_decode(q_desc, k_desc, v_desc, part_o, part_ml, out, tickets, SKV, GRO
                  mask=(orow < GROUP_ROWS)[:, None])
 
 
-def launch(q, k, v, stages=3, block_j=128, chunks=0, sms=132):
-    """out (like q) = softmax(q k^T / sqrt(D)) v per head, key/value head h // (H // HKV); q [B, H, 1, D], k and v
-    [B, HKV, SKV, D], fp16."""
+def prepare(q, k, v, stages=3, block_j=128, chunks=0, sms=132):
+    """A call computing out (like q) = softmax(q k^T / sqrt(D)) v per head, key/value head h // (H // HKV); q
+    [B, H, 1, D], k and v [B, HKV, SKV, D], fp16. Descriptors and workspaces are built once, here, so that the
+    call is one launch (building them costs far more host time than the kernel takes at KV = 4k)."""
     B, H, _, D = q.shape
     HKV, SKV = k.shape[1], k.shape[2]
     group = H // HKV
@@ -142,25 +143,30 @@ def launch(q, k, v, stages=3, block_j=128, chunks=0, sms=132):
     rows_c = max(2, 1 << (group - 1).bit_length())
     q2 = q.reshape(B * H, D)
     k3, v3 = k.reshape(B * HKV, SKV, D), v.reshape(B * HKV, SKV, D)
-    lay_q = gl.NVMMASharedLayout.get_default_for([ROWS, D], gl.float16)
+    lay_q = gl.NVMMASharedLayout.get_default_for([ROWS.value, D], gl.float16)
     lay_kv = gl.NVMMASharedLayout.get_default_for([1, block_j, D], gl.float16)
-    q_desc = TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [ROWS, D], lay_q)
+    q_desc = TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [ROWS.value, D], lay_q)
     k_desc = TensorDescriptor(k3, list(k3.shape), list(k3.stride()), [1, block_j, D], lay_kv)
     v_desc = TensorDescriptor(v3, list(v3.shape), list(v3.stride()), [1, block_j, D], lay_kv)
     part_o = torch.empty(B * HKV * chunks * rows_c * D, device=q.device, dtype=torch.float32)
     part_ml = torch.empty(B * HKV * chunks * 2 * rows_c, device=q.device, dtype=torch.float32)
-    tickets = launch.tickets.get(q.device)
+    tickets = prepare.tickets.get(q.device)
     if tickets is None or tickets.numel() < B * HKV:
-        tickets = launch.tickets[q.device] = torch.zeros(max(B * HKV, 1024), device=q.device, dtype=torch.int32)
+        tickets = prepare.tickets[q.device] = torch.zeros(max(B * HKV, 1024), device=q.device, dtype=torch.int32)
     out = torch.empty_like(q)
-    split_decode[(B * HKV, chunks)](
-        q_desc, k_desc, v_desc, part_o, part_ml, out, tickets, SKV, group, chunk_blocks, chunks,
-        math.log2(math.e) / math.sqrt(D), BLOCK_J=block_j, D=D, STAGES=stages,
-        CHUNKS_P2=max(2, 1 << (chunks - 1).bit_length()), ROWS_C=rows_c, num_warps=4)
-    return out
+    kernel = split_decode[(B * HKV, chunks)]
+    args = (q_desc, k_desc, v_desc, part_o, part_ml, out, tickets, SKV, group, chunk_blocks, chunks,
+            math.log2(math.e) / math.sqrt(D))
+    meta = dict(BLOCK_J=block_j, D=D, STAGES=stages, CHUNKS_P2=max(2, 1 << (chunks - 1).bit_length()),
+                ROWS_C=rows_c, num_warps=4)
+
+    def call():
+        kernel(*args, **meta)
+        return out
+    return call
 
 
-launch.tickets = {}
+prepare.tickets = {}
 
 
 def main():
@@ -174,6 +180,7 @@ def main():
     ap.add_argument("--block-j", type=int, default=128)
     ap.add_argument("--chunks", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--graphs", action="store_true")
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), f"torch {torch.__version__}", flush=True)
     timer = attention.cuda_timer(50, 300)
@@ -183,7 +190,7 @@ def main():
         k, v = (torch.randn(1, 8, kv, 128, device="cuda", dtype=torch.float16) for _ in range(2))
         kk, vv = (x.double().repeat_interleave(8, 1) for x in (k, v))
         ref = torch.softmax(q.double() @ kk.transpose(-1, -2) / math.sqrt(128), -1) @ vv
-        calls = {"gluon": lambda: launch(q, k, v, args.stages, args.block_j, args.chunks)}
+        calls = {"gluon": prepare(q, k, v, args.stages, args.block_j, args.chunks)}
         if module is not None:
             calls["generated"] = lambda: module.forward(q, k, v)
         nbytes = 2 * (2 * q.numel() + 2 * k.numel())
@@ -196,6 +203,13 @@ def main():
                 calls[name] = None
         calls = {n: f for n, f in calls.items() if f is not None}
         calls["same_bytes_copy"] = lambda: dst.copy_(src)
+        if args.graphs:   # the same calls replayed from CUDA graphs: the kernels' time without the host's
+            for name, fn in list(calls.items()):
+                fn()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    fn()
+                calls[name + " (graph)"] = graph.replay
         times = {n: [] for n in calls}
         for _ in range(args.rounds):
             for n, fn in calls.items():
