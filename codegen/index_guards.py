@@ -261,6 +261,12 @@ def data_guard_lines(spec) -> list[str]:
                       "            _lo, _hi = (int(v) for v in torch.aminmax(_ix))",
                       f"            if _lo < 0 or _hi >= {n}:",
                       f"                raise IndexError({what!r} + f', which takes values {{_lo}} to {{_hi}}, outside the "
-                      f"{{{n}}} it has')",
-                      f"        forward.__dict__[{what!r}] = _read"]
+                      f"{{{n}}} it has')"]
+            for r in (r for r in reads if spec.inputs[r].dtype in ir.FLOAT_DTYPES):   # labels kept as floats
+                whole = f"{what}: {r} holds values that are not whole numbers (an index is a position)"
+                lines += [f"        if {r}.is_cuda:",
+                          f"            torch._assert_async(({r} == {r}.floor()).all(), {whole!r})",
+                          f"        elif ({r} != {r}.floor()).any():",
+                          f"            raise IndexError({whole!r})"]
+            lines += [f"        forward.__dict__[{what!r}] = _read"]
     return lines

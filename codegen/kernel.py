@@ -68,8 +68,12 @@ class KernelWriter(Loads, TileReductions):
         self.tma_reduce = False            # does a block add into an output through a descriptor (TMA_REDUCE)
         self.tables: dict[Term, object] = {}   # classified mask predicate -> its BlockTable (blocks.py)
         self.packable: dict[str, tuple[str, str]] = {}   # a tile rounded to 16 bits -> its block, its packed line
+        # the run-time sizes of its axes; a size no input carries is one only an axis the spec declared and never
+        # used runs over (spec_checks.size_of_no_input refuses the others): nothing to bind it from
+        carried = {e.name for t in self.spec.inputs.values() for e in t.shape if not isinstance(e, int)}
         self.dims = sorted({t.attrs[0] for t in ir.walk(sched.term) if t.op == "dim"} |
-                           {e.name for e in self._extents() if not isinstance(e, int)})
+                           {e.name for e in self._extents() if not isinstance(e, int)
+                            and (e.name in carried or e.name in self.spec.derived)})
 
     # ---- names ----------------------------------------------------------------------------------------------
     def _extents(self):

@@ -278,5 +278,5 @@ def _force(cands: list[Candidate], family: str, spec_name: str) -> list[Candidat
     forced = [c for c in cands if c.family == family]
     if not forced:
         raise PlanError(f"spec {spec_name} has no {family!r} plan; the plans extracted are: "
-                        f"{', '.join(c.family for c in cands)}")
+                        f"{', '.join(dict.fromkeys(c.family for c in cands))}")
     return forced + [c for c in cands if c.family != family]

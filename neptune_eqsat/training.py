@@ -11,6 +11,7 @@ the compiler's own source, the spec's terms, its inputs' dtypes and shapes).
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from functools import lru_cache
 from types import ModuleType
 
@@ -174,25 +175,33 @@ class _SpecFunction(torch.autograd.Function):
         names = list(owner.spec.inputs)
         inputs = dict(zip(names, xs))
         if any(ctx.needs_input_grad[1:]):   # a training step: the forward kernel also writes the saved values
-            out, extras = forward_outputs(owner.spec, inputs)
+            outs, extras = forward_outputs(owner.spec, inputs)
         else:
-            out, extras = run_spec(owner.spec, inputs), []
-        ctx.owner, ctx.names = owner, names
-        ctx.save_for_backward(*xs, out, *extras)
-        return out
+            outs, extras = run_spec(owner.spec, inputs), []
+        outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
+        ctx.owner, ctx.names, ctx.outputs = owner, names, len(outs)
+        ctx.set_materialize_grads(False)   # an output the loss does not read sends None: its backward is skipped
+        ctx.save_for_backward(*xs, *outs, *extras)
+        return outs if len(outs) > 1 else outs[0]
 
     @staticmethod
-    def backward(ctx, grad_out):
-        n = len(ctx.names)
+    def backward(ctx, *grad_outs):
+        n, k = len(ctx.names), ctx.outputs
         kept = ctx.saved_tensors   # once: activation checkpointing lets each saved tensor be unpacked once
-        xs, out, extras = kept[:n], kept[n], kept[n + 1:]
+        xs, outs, extras = kept[:n], kept[n:n + k], kept[n + k:]
         owner, names = ctx.owner, ctx.names
         wrt = tuple(n for n, x, need in zip(names, xs, ctx.needs_input_grad[1:]) if need)
-        if not wrt:
+        if not wrt or all(g is None for g in grad_outs):
             return (None,) * (1 + len(xs))
-        grads = owner.backward_for(wrt, grad_out.device).grads(dict(zip(names, xs)), out, grad_out.contiguous(),
-                                              dict(zip(saved_terms(owner.spec), extras)))
-        return (None, *(grads.get(n) for n in names))
+        inputs, total = dict(zip(names, xs)), {}
+        for which, (out, grad_out) in enumerate(zip(outs, grad_outs)):   # each output's backward, added up
+            if grad_out is None:
+                continue
+            saved = dict(zip(saved_terms(owner.spec), extras)) if which == 0 else None
+            grads = owner.backward_for(wrt, grad_out.device, which).grads(inputs, out, grad_out.contiguous(), saved)
+            for name, g in grads.items():
+                total[name] = g if name not in total else total[name] + g
+        return (None, *(total.get(n) for n in names))
 
 
 _DERIVED: dict[str, tuple[Backward, Spec]] = {}   # spec key -> its derivation for every floating input (the
@@ -220,15 +229,17 @@ def saved_terms(spec: Spec) -> list[Term]:
     return list(_derivation(spec).saved.values())
 
 
-def forward_outputs(spec: Spec, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The output and the values the backward saves (saved_terms' order), written by one forward kernel; for a
+def forward_outputs(spec: Spec, inputs: dict[str, torch.Tensor]) -> tuple:
+    """The output (a tuple of the spec's outputs where it has several) and the values the backward of its first
+    output saves (saved_terms' order), written by one forward kernel; for a
     spec that no one kernel runs with them beside its output (one planned as stages), the forward kernel and
     the backward's stages that compute them."""
     (bw, training_spec), key = _derived(spec), _key_of(spec)
     if bw.saved and key not in _STAGED:
         try:
-            out, *extras = run_spec(training_spec, inputs)
-            return out, extras
+            outs = run_spec(training_spec, inputs)
+            own = 1 + len(spec.also)   # the spec's own outputs come first, then the saved values
+            return (outs[0] if own == 1 else tuple(outs[:own])), list(outs[own:])
         except SpecError:
             _STAGED.add(key)
     out = run_spec(spec, inputs)
@@ -262,10 +273,20 @@ def backward_for_device(spec: Spec, wrt: tuple[str, ...] | None, device: torch.d
     return CompiledBackward(spec, wrt)
 
 
-def device_backward(cache: dict, spec: Spec, wrt: tuple[str, ...], device: torch.device) -> CompiledBackward:
+def only_output(spec: Spec, output: int) -> Spec:
+    """The spec computing its output number `output` (0 the first, then the further ones in order) alone."""
+    if output == 0:
+        return replace(spec, also=())
+    o = spec.also[output - 1]
+    return replace(spec, name=f"{spec.name}_{o.name}", output_name=o.name, output_dtype=o.dtype,
+                   output_term=o.term, output_axes=o.axes, also=())
+
+
+def device_backward(cache: dict, spec: Spec, wrt: tuple[str, ...], device: torch.device,
+                    output: int = 0) -> CompiledBackward:
     """backward_for_device(spec, wrt, device), kept in `cache` per (inputs, device, whether torch is asked for
-    deterministic algorithms): a process that switches that setting gets the backward matching each."""
-    key = (wrt, device, torch.are_deterministic_algorithms_enabled())
+    deterministic algorithms, output): a process that switches that setting gets the backward matching each."""
+    key = (wrt, device, torch.are_deterministic_algorithms_enabled(), output)
     if key not in cache:
         cache[key] = backward_for_device(spec, wrt, device)
     return cache[key]
@@ -282,12 +303,21 @@ class Differentiable:
         self.deterministic = deterministic
         self._backwards: dict[tuple, CompiledBackward] = {}
 
-    def backward_for(self, wrt: tuple[str, ...], device: torch.device) -> CompiledBackward:
+    def backward_for(self, wrt: tuple[str, ...], device: torch.device, output: int = 0) -> CompiledBackward:
+        """The backward of output `output` (0: the first; the others' are derived as specs of that output alone)."""
+        spec = self.spec if output == 0 else self._output_spec(output)
         if self.deterministic is None:
-            return device_backward(self._backwards, self.spec, wrt, device)
-        key = (wrt, None)
+            return device_backward(self._backwards, spec, wrt, device, output)
+        key = (wrt, None, output)
         if key not in self._backwards:
-            self._backwards[key] = CompiledBackward(self.spec, wrt, accumulate=not self.deterministic)
+            self._backwards[key] = CompiledBackward(spec, wrt, accumulate=not self.deterministic)
+        return self._backwards[key]
+
+    def _output_spec(self, output: int) -> Spec:
+        """The spec of its further output `output` (1, 2, ...) alone, kept."""
+        key = ("output", output)
+        if key not in self._backwards:
+            self._backwards[key] = only_output(self.spec, output)
         return self._backwards[key]
 
     @torch.compiler.disable   # a torch.compile'd caller runs it as it is (dynamo cannot trace the launches)

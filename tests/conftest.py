@@ -18,9 +18,11 @@ import torch  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 from neptune_eqsat.compiler import optimize  # noqa: E402
-from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance  # noqa: E402
+from neptune_eqsat.frontend.reference import evaluate, evaluate_all, random_inputs, tolerance  # noqa: E402
+from neptune_eqsat.plan.autodiff import differentiate  # noqa: E402
 from neptune_eqsat.runtime.loader import load_module  # noqa: E402
 from neptune_eqsat.spec import load_spec  # noqa: E402
+from neptune_eqsat.training import Differentiable  # noqa: E402
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 
@@ -71,3 +73,42 @@ def assert_close(path: str, sizes: dict[str, int], seed: int = 0, inputs=None):
     spec = load_spec(path)
     assert err <= tolerance(spec.output_dtype), f"{spec.name} {sizes}: max error {err}"
     return out, ref
+
+
+def gradient_tolerance(spec) -> float:
+    """A gradient is as precise as the least precise values it is computed from (fp16 probabilities reach an
+    fp32 slope's gradient)."""
+    return 4 * max(tolerance(t.dtype) for t in spec.inputs.values() if t.dtype in ("f16", "bf16", "f32"))
+
+
+def check_gradients(spec, sizes: dict, dtype: str | None = None, seed: int = 0, deterministic: bool = True,
+                    outputs: tuple[int, ...] | None = None) -> dict[str, float]:
+    """The gradients Differentiable(spec) gives every floating input against float64 autograd of the spec's
+    reference, for a random gradient of each output numbered in `outputs` (default: every output; the others
+    take no part in the loss); asserts each within tolerance and returns the errors relative to the largest
+    gradient (at least 1)."""
+    if dtype:
+        spec = spec.retyped(dtype)
+    inputs = random_inputs(spec, {**spec.typical, **sizes}, seed=seed)
+    xs = [t.clone().requires_grad_(t.is_floating_point() and n in differentiate(spec).wrt)
+          for n, t in inputs.items()]
+    outs = Differentiable(spec, deterministic)(*xs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    ref_in = {n: t.detach().clone().requires_grad_(x.requires_grad) for (n, t), x in zip(inputs.items(), xs)}
+    refs = evaluate_all(spec, ref_in, differentiable=True)
+    chosen = range(len(outs)) if outputs is None else outputs
+    gen = torch.Generator().manual_seed(seed + 1)
+    seeds = {k: torch.randn(outs[k].shape, dtype=torch.float64, generator=gen) for k in chosen}
+    torch.autograd.backward([outs[k] for k in chosen], [seeds[k].to(outs[k].dtype) for k in chosen])
+    torch.autograd.backward([refs[k] for k in chosen], [seeds[k] for k in chosen])
+    allowed = gradient_tolerance(spec)
+    errors = {}
+    for (n, r), x in zip(ref_in.items(), xs):
+        if not x.requires_grad:
+            continue
+        assert x.grad is not None and not torch.isnan(x.grad).any(), n
+        ref = r.grad if r.grad is not None else torch.zeros_like(r)   # an input the chosen outputs do not read
+        scale = max(1.0, ref.abs().max().item())
+        errors[n] = (x.grad.double() - ref).abs().max().item() / scale
+        assert errors[n] < allowed, (spec.name, n, errors[n])
+    return errors

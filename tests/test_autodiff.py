@@ -12,13 +12,11 @@ from neptune_eqsat.ir import ops
 from neptune_eqsat.proof import symbolic as proof
 from neptune_eqsat.plan.autodiff import differentiate
 from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
-from neptune_eqsat.spec import Spec, exp, load_spec, sqrt, sum
+from neptune_eqsat.spec import Spec, exp, load_spec, log, sqrt, sum
+from neptune_eqsat.spec import max as max_, min as min_
 from neptune_eqsat.training import Differentiable
-from conftest import spec_variant
+from conftest import check_gradients, gradient_tolerance, spec_variant
 from hopper_checks import attention_spec
-
-DT = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
-
 
 # ---- each op's derivative, proved --------------------------------------------------------------------------------
 A, X, Y = sp.symbols("A x y", real=True)
@@ -85,40 +83,11 @@ def test_shift_invariance_is_proved_or_refused():
 
 
 # ---- gradients of specs against float64 autograd ---------------------------------------------------------------
-def _tolerance(spec: Spec) -> float:
-    """A gradient is as precise as the least precise values it is computed from (fp16 probabilities reach the
-    fp32 slope's gradient)."""
-    return 4 * max(tolerance(t.dtype) for t in spec.inputs.values() if t.dtype in DT)
-
-
-def _check_gradients(spec: Spec, sizes: dict, dtype: str | None = None, seed: int = 0,
-                     deterministic: bool = True) -> dict[str, float]:
-    if dtype:
-        spec = spec.retyped(dtype)
-    inputs = random_inputs(spec, {**spec.typical, **sizes}, seed=seed)
-    xs = [t.clone().requires_grad_(t.is_floating_point() and n in differentiate(spec).wrt)
-          for n, t in inputs.items()]
-    out = Differentiable(spec, deterministic)(*xs)
-    g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
-    out.backward(g.to(out.dtype))
-    ref_in = {n: t.detach().clone().requires_grad_(x.requires_grad) for (n, t), x in zip(inputs.items(), xs)}
-    evaluate(spec, ref_in, differentiable=True).backward(g)
-    errors = {}
-    for (n, r), x in zip(ref_in.items(), xs):
-        if not x.requires_grad:
-            continue
-        assert x.grad is not None and not torch.isnan(x.grad).any(), n
-        scale = max(1.0, r.grad.abs().max().item())
-        errors[n] = (x.grad.double() - r.grad).abs().max().item() / scale
-        assert errors[n] < _tolerance(spec), (spec.name, n, errors[n])
-    return errors
-
-
 @pytest.mark.parametrize("name,sizes", [("softmax", {"R": 3, "N": 37}), ("log_softmax", {"R": 2, "N": 45}),
                                         ("cross_entropy", {"R": 3, "V": 37}),
                                         ("max_normalized_sum", {"R": 3, "N": 29})])
 def test_row_reductions(name, sizes):
-    _check_gradients(load_spec(f"specs/{name}.py"), sizes)
+    check_gradients(load_spec(f"specs/{name}.py"), sizes)
 
 
 def test_cross_entropy_gradient_scatters_at_the_label():
@@ -201,7 +170,7 @@ def test_a_row_divisor_of_either_sign_stays_a_division():
         spec = _scaled_by(divisor_of)
         bw = differentiate(spec)
         assert any("absorbed" in n for n in bw.notes) == absorbed, bw.notes
-        _check_gradients(spec, {"R": 3, "N": 37})
+        check_gradients(spec, {"R": 3, "N": 37})
 
 
 def test_a_slopes_gradient_is_an_output_of_the_kernel_that_loops_over_its_keys():
@@ -251,7 +220,7 @@ def test_an_added_value_per_row_is_told_by_its_axes_as_the_gluon_kernel_tells_it
     pytest.param({"softcap": 20.0, "causal": False}, {"S": 19}, marks=pytest.mark.slow),
 ])
 def test_attention_gradients_added_atomically(options, sizes):
-    _check_gradients(attention_spec(**options), sizes, deterministic=False)
+    check_gradients(attention_spec(**options), sizes, deterministic=False)
 
 
 @pytest.mark.parametrize("options,sizes", [
@@ -260,12 +229,12 @@ def test_attention_gradients_added_atomically(options, sizes):
     ({"softcap": 20.0, "causal": False}, {"S": 19}),
 ])
 def test_attention_gradients(options, sizes):
-    _check_gradients(attention_spec(**options), sizes)
+    check_gradients(attention_spec(**options), sizes)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", pytest.param("f32", marks=pytest.mark.slow)])
 def test_attention_gradients_in_other_dtypes(dtype):   # fp32 gradients: also test_flex_backward's fp32 case
-    _check_gradients(attention_spec(kv_heads=1, heads=2), {"S": 21}, dtype=dtype)
+    check_gradients(attention_spec(kv_heads=1, heads=2), {"S": 21}, dtype=dtype)
 
 
 @pytest.mark.slow   # non-causal attention: the soft-capped case above; decode shapes: test_flex_backward
@@ -273,7 +242,7 @@ def test_decode_shaped_attention_gradients():
     spec = load_spec("specs/causal_dc.py")
     small = attention_spec(causal=False)
     assert small.output_axes == spec.output_axes
-    _check_gradients(small, {"S": 40})
+    check_gradients(small, {"S": 40})
 
 
 def test_norm_gradients():
@@ -284,8 +253,87 @@ def test_norm_gradients():
     w = spec.input("w", "f32", N)
     spec.output("y", "f32", x[r, j] * w[j] / sqrt(sum(j, x[r, j] * x[r, j]) / N + 1e-6), r, j)
     spec.validate()
-    errors = _check_gradients(spec, {"R": 3, "N": 40})
+    errors = check_gradients(spec, {"R": 3, "N": 40})
     assert set(errors) == {"x", "w"}
+
+
+ROW_VALUES_INSIDE_SUMS = {   # a value per row (an input, a reduction) added inside a sum over the row's columns
+    "input_row_value": "sum(j, x[r, j] + t[r])",
+    "minus_the_min": "sum(j, x[r, j] - min(j, x[r, j])) + t[r]",
+    "centered": "sum(j, (x[r, j] - sum(j, x[r, j]) / N) * t[r])",
+    "smoothed_nll": "sum(j, (max(j, x[r, j]) + log(sum(j, exp(x[r, j] - max(j, x[r, j])))) - x[r, j]) * t[r]) / N",
+    "fixed_extent": "sum(e, x[r, e] * t[r] + t[r])",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROW_VALUES_INSIDE_SUMS))
+def test_a_row_value_inside_a_sum_gets_the_sums_extent_in_its_gradient(name):
+    """d/dt[r] sum(j, x[r, j] + t[r]) is N: the adjoint reaching t[r] is summed over the columns t is broadcast
+    along, though it does not vary along them (it came out 1, not N, for inputs and reductions alike)."""
+    spec = Spec(name)
+    R, N = spec.dims(R=64, N=4096)
+    r, j, e = spec.axes(r=R, j=N, e=5)
+    x = spec.input("x", "f32", R, N) if name != "fixed_extent" else spec.input("x", "f32", R, 5)
+    t = spec.input("t", "f32", R)
+    env = dict(x=x, t=t, r=r, j=j, e=e, N=N, sum=sum, max=max_, min=min_, exp=exp, log=log)
+    spec.output("y", "f32", eval(ROW_VALUES_INSIDE_SUMS[name], env), r)
+    assert set(check_gradients(spec, {"R": 3, "N": 11})) == {"x", "t"}
+
+
+def _softmax_and_lse() -> Spec:
+    spec = Spec("softmax_and_lse")
+    R, N = spec.dims(R=64, N=4096)
+    r, j = spec.axes(r=R, j=N)
+    x = spec.input("x", "f32", R, N)
+    m = max_(j, x[r, j])
+    p = exp(x[r, j] - m)
+    spec.output("y", "f32", p / sum(j, p), r, j)
+    spec.output("lse", "f32", m + log(sum(j, p)), r)
+    return spec
+
+
+@pytest.mark.parametrize("outputs", [None, (0,), (1,)], ids=["both", "first", "second"])
+def test_every_output_of_a_spec_carries_its_gradient(outputs):
+    """A spec with several outputs is a function returning them all; the loss may read any of them (the
+    training forward's saved values come after the outputs, not in their place)."""
+    check_gradients(_softmax_and_lse(), {"R": 3, "N": 21}, outputs=outputs)
+
+
+def test_optimize_backward_of_several_outputs_gives_them_before_the_saved_values(tmp_path):
+    from click.testing import CliRunner
+
+    from neptune_eqsat.cli import main
+    from neptune_eqsat.runtime.loader import load_module
+
+    spec_file = tmp_path / "softmax_and_lse.py"
+    spec_file.write_text(SOFTMAX_AND_LSE)
+    out_file = tmp_path / "softmax_and_lse_kernel.py"
+    run = CliRunner().invoke(main, ["optimize", str(spec_file), "--backward", "-o", str(out_file)])
+    assert run.exit_code == 0, run.output
+    mod = load_module(out_file.read_text(), "softmax_and_lse_kernel")
+    x = torch.randn(3, 21, generator=torch.Generator().manual_seed(0))
+    (y, lse), saved = mod.forward_saved(x)
+    assert len(saved) == len(mod.SAVED) and mod.OUTPUTS == ("y", "lse")
+    torch.testing.assert_close(lse, torch.logsumexp(x, 1))
+    grad_y = torch.randn_like(y)
+    xd = x.double().requires_grad_()
+    ref, = torch.autograd.grad(torch.softmax(xd, 1), xd, grad_y.double())
+    for kept in (saved, ()):
+        g, = mod.backward(x, out=y, grad_out=grad_y, saved=kept)
+        torch.testing.assert_close(g.double(), ref, atol=1e-5, rtol=1e-4)
+
+
+SOFTMAX_AND_LSE = '''
+from neptune_eqsat.spec import *
+spec = Spec("softmax_and_lse")
+R, N = spec.dims(R=64, N=4096)
+r, j = spec.axes(r=R, j=N)
+x = spec.input("x", f32, R, N)
+m = max(j, x[r, j])
+p = exp(x[r, j] - m)
+spec.output("y", f32, p / sum(j, p), r, j)
+spec.output("lse", f32, m + log(sum(j, p)), r)
+'''
 
 
 @pytest.mark.parametrize("S", [7, 17])
@@ -294,7 +342,7 @@ def test_attention_then_a_norm_of_its_rows_at_lengths_off_the_blocks(tmp_path, S
     each query row's saved statistics: a padded row loads them as 0, 0 / 0, and NaN * 0 filled every dV with
     NaN at lengths not a multiple of the block; both operands of such a product are zeroed outside."""
     path = spec_variant(tmp_path, "attention_rmsnorm", {"H, D = 32, 128": "H, D = 2, 16"})
-    errors = _check_gradients(load_spec(path), {"B": 1, "S": S})
+    errors = check_gradients(load_spec(path), {"B": 1, "S": S})
     assert set(errors) >= {"v"}
 
 
@@ -364,7 +412,7 @@ def test_optimize_backward_writes_one_standalone_module(tmp_path, source, sizes)
     for n, got in zip(module.WRT, grads):
         want = ref[n].grad
         err = (got.double() - want).abs().max().item() / max(1.0, want.abs().max().item())
-        assert err < _tolerance(spec), (n, err)
+        assert err < gradient_tolerance(spec), (n, err)
 
 
 def test_a_spec_and_its_training_forward_are_different_modules():

@@ -13,29 +13,36 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from conftest import run_against_reference
+from conftest import check_gradients, run_against_reference
 from test_random_specs import random_specs, written_spec
 from neptune_eqsat.frontend.reference import tolerance
+from neptune_eqsat.spec import load_spec
 
 EXAMPLES = int(os.environ.get("NEPTUNE_RANDOM_SPECS", "4"))
 SLOW_EXAMPLES = 4
+GRADIENT_EXAMPLES = int(os.environ.get("NEPTUNE_RANDOM_SPECS", "2"))   # per chain
 
 LEAVES = ["x[r, j]", "x[r, j]", "w[j]", "0.5", "2.0", "(j * 0.05)"]
 
 
-def elementwise(depth: int):
+def elementwise(depth: int, smooth: bool = False):
+    """Random elementwise trees; `smooth`: without the ops whose gradient at a tie is a convention (max, min, abs
+    and a where choosing between equal values split a gradient differently in torch)."""
     leaf = st.sampled_from(LEAVES)
     if depth == 0:
         return leaf
-    sub = elementwise(depth - 1)
-    return st.one_of(
-        leaf,
-        st.tuples(sub, st.sampled_from(["+", "-", "*"]), sub).map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
-        sub.map(lambda a: f"tanh({a})"),
+    sub = elementwise(depth - 1, smooth)
+    kinked = [] if smooth else [
         sub.map(lambda a: f"abs({a})"),
         st.tuples(sub, sub).map(lambda t: f"max({t[0]}, {t[1]})"),
         st.tuples(sub, sub).map(lambda t: f"min({t[0]}, {t[1]})"),
         st.tuples(st.integers(0, 40), sub, sub).map(lambda t: f"where(j >= {t[0]}, {t[1]}, {t[2]})"),
+    ]
+    return st.one_of(
+        leaf,
+        st.tuples(sub, st.sampled_from(["+", "-", "*"]), sub).map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
+        sub.map(lambda a: f"tanh({a})"),
+        *kinked,
     )
 
 
@@ -49,6 +56,10 @@ CHAINS = {   # e: the row's values (reads x), g: a second elementwise value
     "weighted_mean": "m = max(j, e)\nspec.output('y', OUT, sum(j, exp(e - m) * g) / sum(j, exp(e - m)), r)",
     "max_normalized": "m = max(j, abs(e))\nspec.output('y', OUT, sum(j, e / (m + 1.0)), r)",
     "min_max": "lo = min(j, e)\nhi = max(j, e)\nspec.output('y', OUT, (e - lo) / (hi - lo + 1.0), r, j)",
+    # a row's value inside a sum over the row (its gradient sums over the columns it is broadcast along)
+    "smoothed_nll": "m = max(j, e)\nlse = m + log(sum(j, exp(e - m)))\n"
+                    "spec.output('y', OUT, sum(j, (lse - e) * g) / N, r)",
+    "spread": "lo = min(j, e)\nspec.output('y', OUT, sum(j, e - lo + g), r)",
 }
 
 
@@ -82,6 +93,19 @@ def test_random_row_reductions_match_float64(tmp_path_factory, chain, e, g, dtyp
 @random_specs(SLOW_EXAMPLES, ROWS)
 def test_more_random_row_reductions_match_float64(tmp_path_factory, chain, e, g, dtype, out, rows, n):
     check_random_rows(tmp_path_factory, chain, e, g, dtype, out, rows, n)
+
+
+GRADIENT_ROWS = dict(e=elementwise(2, smooth=True), g=elementwise(1, smooth=True), rows=st.integers(1, 4),
+                     n=st.integers(1, 40))
+
+
+@pytest.mark.parametrize("chain", sorted(CHAINS))   # every chain (hypothesis's draws stay near its first ones)
+@random_specs(GRADIENT_EXAMPLES, GRADIENT_ROWS)
+def test_random_row_gradients_match_float64(tmp_path_factory, chain, e, g, rows, n):
+    """The derived backward of random row chains (fp32) against float64 autograd of the unfused spec: the
+    gradients of the row's input and of the per-column weight."""
+    path = written_spec(tmp_path_factory, spec_text(chain, e, g, "f32", "f32"), f"R={rows}, N={n}", "row_grads")
+    check_gradients(load_spec(path), {"R": rows, "N": n}, seed=n)
 
 
 def check_random_rows(tmp_path_factory, chain, e, g, dtype, out, rows, n):

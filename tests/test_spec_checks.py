@@ -64,6 +64,13 @@ def test_a_constant_output_compiles_and_fills_its_shape(tmp_path, name, value, a
     ("negative_axis", "R = spec.dims(R=64)\nr, q = spec.axes(r=R, q=-3)\n", r"axis q: extent must be at least 1, got -3"),
     ("empty_input", "R = spec.dims(R=64)\nt = spec.input('t', f32, R, 0)\n", r"input t: shape entries must be at least 1, got 0"),
     ("zero_typical_size", "R = spec.dims(R=0)\n", r"dim R: the typical size must be a positive int"),
+    ("input_not_a_name", "R = spec.dims(R=64)\nr = spec.axes(r=R)\nx = spec.input('my-x', f32, R)\n"
+     "spec.output('y', f32, x[r] * 2, r)\n", r"input 'my-x' is not a name a generated module can use"),
+    ("dim_a_keyword", "R = spec.dims(R=64)\nL = spec.dims(**{'lambda': 8})\nr = spec.axes(r=R)\n"
+     "x = spec.input('x', f32, R)\nspec.output('y', f32, x[r] * 2, r)\n",
+     r"dim 'lambda' is not a name"),
+    ("size_as_a_number", ROWS.format(dt="f32") + "spec.output('y', f32, sum(j, x[r, j]) / float(N), r)\n",
+     r"size_as_a_number.py:6: N is a size known only at run time, not a Python number"),
 ])
 def test_malformed_specs_are_refused_with_the_problem_named(tmp_path, name, body, message):
     with pytest.raises(SpecError, match=message):
@@ -166,3 +173,34 @@ def test_a_bool_input_with_aligned_rows(tmp_path):
     path = write(tmp_path, "bool_rows", ROWS.format(dt="f32") + "mk = spec.input('mk', bool, R, N)\n"
                  "spec.output('y', f32, sum(j, where(mk[r, j], x[r, j], 0.0)), r)\n")
     assert_close(path, {"R": 3, "N": 64})
+
+
+@pytest.mark.parametrize("value", ["0.1 / N", "N / 2", "-N", "+N", "N ** 2 / 1000", "1000 // N", "7 % N",
+                                   "2 * N - 1"])
+def test_arithmetic_on_a_size_on_either_side_is_an_expression(tmp_path, value):
+    """A run-time size takes part in arithmetic on either side of every operator as a value would (0.1 / N was
+    refused by Python: the size had no reflected division)."""
+    name = "size_" + "".join(c if c.isalnum() else "_" for c in value)
+    body = ROWS.format(dt="f32") + f"spec.output('y', f32, sum(j, x[r, j]) * ({value}), r)\n"
+    assert_close(write(tmp_path, name, body), {"R": 3, "N": 37})
+
+
+def test_an_axis_declared_and_never_used_needs_no_size(tmp_path):
+    """An axis over a size no input carries that nothing reads is left out of the module (its launcher looked
+    the size up among the inputs' and failed with a KeyError)."""
+    body = ("R, N = spec.dims(R=64, N=512)\nr, j, e = spec.axes(r=R, j=N, e=5)\nx = spec.input('x', f32, R, 5)\n"
+            "spec.output('y', f32, sum(e, x[r, e]), r)\n")
+    assert_close(write(tmp_path, "unused_axis", body), {"R": 3})
+
+
+def test_a_label_kept_as_a_float_must_be_whole(tmp_path):
+    """x[r, t[r]] with t in floating point reads at whole positions; 2.5 is refused, not read at 2."""
+    _, mod = compiled(write(tmp_path, "float_label", "R, V = spec.dims(R=64, V=512)\nr = spec.axes(r=R)\n"
+                            "x = spec.input('x', f32, R, V)\nt = spec.input('t', f32, R)\n"
+                            "spec.output('y', f32, x[r, t[r]], r)\n"))
+    x = torch.arange(20.0).reshape(2, 10)
+    assert on_device(mod.forward, x, torch.tensor([2.0, 9.0])).tolist() == [2.0, 19.0]
+    if DEVICE != "cpu":   # there the check is a device-side assertion, which would end the CUDA context
+        return
+    with pytest.raises(IndexError, match="t holds values that are not whole numbers"):
+        mod.forward(x, torch.tensor([2.5, 9.0]))

@@ -18,7 +18,6 @@ import functools
 import builtins
 import keyword
 import math
-import runpy
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,7 +26,7 @@ from neptune_eqsat import ir
 from neptune_eqsat.ir import ops
 from neptune_eqsat.ir import Term
 from neptune_eqsat.frontend.conditions import index_max, is_index_condition, negate
-from neptune_eqsat.frontend.spec_checks import extent_problem, fractional_part, size_of_no_input
+from neptune_eqsat.frontend.spec_checks import extent_problem, fractional_part, misnamed, size_of_no_input
 
 __all__ = ["Spec", "Dim", "SpecError", "f16", "bf16", "f32", "f64", "i8", "u8", "i16", "i32", "i64", "inf", "nan", "sum", "max", "min", "where", "cast",
            "load_spec"]
@@ -65,9 +64,15 @@ class Dim:
     def _term(self) -> Term:
         return ir.dim(self.name)
 
+    def __float__(self):
+        raise _fail(f"{self.name} is a size known only at run time, not a Python number: use it in the expression "
+                    f"itself (x / {self.name}, {self.name} - 1)")
+    __int__ = __float__
 
-for _op in ("add", "radd", "sub", "rsub", "mul", "rmul", "floordiv", "mod"):   # arithmetic of sizes: expressions
-    setattr(Dim, f"__{_op}__", lambda self, o, _op=_op: getattr(_wrap(self), f"__{_op}__")(o))
+
+for _op in ("add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv", "floordiv", "rfloordiv", "mod",
+            "rmod", "pow", "neg", "pos"):   # arithmetic of sizes: expressions
+    setattr(Dim, f"__{_op}__", lambda self, *o, _op=_op: getattr(_wrap(self), f"__{_op}__")(*o))
 
 Extent = int | Dim
 
@@ -101,7 +106,10 @@ class Expr:
     def __truediv__(self, o): return self._bin("div", o)
     def __rtruediv__(self, o): return self._bin("div", o, True)
     def __floordiv__(self, o): return self._bin("floordiv", o)
+    def __rfloordiv__(self, o): return self._bin("floordiv", o, True)
     def __mod__(self, o): return self._bin("mod", o)
+    def __rmod__(self, o): return self._bin("mod", o, True)
+    def __pos__(self): return self
     def __lt__(self, o): return self._bin("lt", o)
     def __le__(self, o): return self._bin("le", o)
     def __gt__(self, o): return self._bin("gt", o)
@@ -311,6 +319,8 @@ class Spec:
             if ir.is_reduction(t) and t.attrs[1] not in t.args[0].free:
                 raise _fail(f"{t.attrs[0]} over {t.attrs[1]}: the reduced value does not depend on {t.attrs[1]}",
                             t.origin)
+        if problem := misnamed(self):
+            raise SpecError(f"spec {self.name}: {problem}")
         problem = size_of_no_input(self)
         if problem is not None:
             message, origin = problem
@@ -391,30 +401,4 @@ def min(*args, **kwargs):  # noqa: A001
     return _reduce("min", builtins.min, args, kwargs)
 
 
-def load_spec(path: str | Path) -> Spec:
-    """Run a spec file and return its Spec (the variable `spec`, or the only Spec it defines)."""
-    path = Path(path)
-    if not path.exists():
-        raise SpecError(f"{path}: no such spec file")
-    try:
-        scope = runpy.run_path(str(path), run_name="__neptune_spec__")
-    except SpecError:
-        raise
-    except SyntaxError as e:
-        raise SpecError(f"{path.name}:{e.lineno}: syntax error: {e.msg}") from e
-    except Exception as e:  # report the spec line that raised
-        tb = e.__traceback__
-        line = None
-        while tb is not None:
-            if Path(tb.tb_frame.f_code.co_filename).resolve() == path.resolve():
-                line = tb.tb_lineno
-            tb = tb.tb_next
-        raise SpecError(f"{path.name}:{line}: {type(e).__name__}: {e}") from e
-    specs = [v for v in scope.values() if isinstance(v, Spec)]
-    spec = scope.get("spec") if isinstance(scope.get("spec"), Spec) else (specs[0] if len(specs) == 1 else None)
-    if spec is None:
-        raise SpecError(f"{path.name}: defines no Spec (expected a variable `spec = Spec(...)`)")
-    if not spec.doc:
-        spec.doc = (scope.get("__doc__") or "").strip()
-    spec.validate()
-    return spec
+from neptune_eqsat.frontend.spec_file import load_spec  # noqa: E402  (it runs files of this language)

@@ -2,6 +2,8 @@
 run-time size the computation runs over is a size some input carries (a call learns sizes from its inputs)."""
 from __future__ import annotations
 
+import keyword
+
 from neptune_eqsat import ir
 from neptune_eqsat.ir import Term
 from neptune_eqsat.ir import ops
@@ -54,4 +56,18 @@ def size_of_no_input(spec) -> tuple[str, str | None] | None:
         if size is not None and size not in carried:
             return (f"axis {ax} runs over {size}, the size of no input's dimension, so a call cannot know it "
                     f"(declare the inputs with {size} in their shape, or give axis {ax} a fixed extent)", None)
+    return None
+
+
+def misnamed(spec) -> str | None:
+    """What is wrong with a name the spec chose (the spec's, a dim's, an axis's, an input's, an output's), else
+    None: each becomes a name in the generated module (a parameter, a kernel's name), so it must be a Python
+    identifier other than a keyword."""
+    named = [("spec", spec.name), *(("dim", n) for n in spec.dims_), *(("axis", n) for n in spec.axes_),
+             *(("input", n) for n in spec.inputs), ("output", spec.output_name),
+             *(("output", o.name) for o in spec.also)]
+    for kind, name in named:
+        if not (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)):
+            return (f"{kind} {name!r} is not a name a generated module can use: names are Python identifiers "
+                    f"(letters, digits and _, not starting with a digit) other than keywords")
     return None
