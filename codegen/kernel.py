@@ -241,8 +241,9 @@ class KernelWriter(Loads, TileReductions):
         if fn in BIT_OPS:   # ids stored as floats (captured integer tensors) taken back to integers
             xs = [x if x.dtype in ("int", "bool") else Val(f"({x.code}).to({self.lang}.int32)", x.axes, "int")
                   for x in xs]
-        if fn in ir.LOGIC:   # a number as a truth value (a mask combined with a constant 1): true where nonzero
-            xs = [x if x.dtype == "bool" else Val(f"({x.code} != 0)", x.axes, "bool") for x in xs]
+        if fn in ir.LOGIC:   # a number as a truth value (a mask combined with a constant 1): true where nonzero;
+            # a scalar truth value too (a flag read per head), which Triton's interpreter cannot | with a tile
+            xs = [x if x.dtype == "bool" and x.axes else Val(f"({x.code} != 0)", x.axes, "bool") for x in xs]
         elif fn not in ir.COMPARE and fn not in BIT_OPS:   # a truth value as the number 0 or 1 in arithmetic:
             # (a > 0) + (b > 0) is 2 where both hold (1-bit tiles would add to 1)
             xs = [Val(f"({x.code}).to({self.lang}.int32)", x.axes, "int") if x.dtype == "bool" else x for x in xs]

@@ -368,7 +368,18 @@ def _mask_of(block_mask, query, key):
     if lengths != (query.shape[-2], key.shape[-2]):
         raise ValueError(f"block_mask was created for query and key lengths {lengths}, but the query has "
                          f"{query.shape[-2]} and the key {key.shape[-2]}: create the block mask for these lengths")
+    if getattr(block_mask.mask_mod, "__name__", "") == "noop_mask" and not bool(_every_block(block_mask)):
+        _warn_once("block_tables", "flex_attention: this BlockMask has no mask_mod (made from block tables, as "
+                   "from_kv_blocks makes it): the kernels derive their blocks from a mask_mod, so every key is kept, "
+                   "as torch's eager flex_attention keeps them; pass the mask as a mask_mod to skip blocks")
     return block_mask.mask_mod
+
+
+def _every_block(block_mask):
+    """Does the block table keep every block (a mask of no blocks skipped)?"""
+    kv, full = block_mask.kv_num_blocks, block_mask.full_kv_num_blocks
+    blocks = -(-int(block_mask.seq_lengths[1]) // int(block_mask.BLOCK_SIZE[1]))
+    return ((kv + (full if full is not None else 0)) >= blocks).all()
 
 
 _WARNED: set[str] = set()

@@ -59,7 +59,8 @@ def run_both(shape, dtype, make_mods, learn=(), scale=None, seed=0):
     assert (out.double().cpu() - expect).abs().max().item() < TOL[dtype]
     for k, (a, r) in enumerate(zip(ours, ref)):
         assert a.grad is not None and not torch.isnan(a.grad).any(), k
-        err = (a.grad.double().cpu() - r.grad).abs().max().item() / max(1.0, r.grad.abs().max().item())
+        want = r.grad if r.grad is not None else torch.zeros_like(r)   # an input the scores do not read
+        err = (a.grad.double().cpu() - want).abs().max().item() / max(1.0, want.abs().max().item())
         assert err < TOL[dtype], (k, err)
 
 
@@ -313,3 +314,38 @@ def test_one_compiled_graph_with_two_masks_and_the_logsumexp():
             t.grad = None
     for a, b in zip(*results):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_the_logsumexps_gradient_with_rows_the_mask_empties():
+    """A loss reading the output and the logsumexp (its -inf rows set aside, as a merge of chunks does) where the
+    mask empties rows: float64 autograd's gradients (the gradient kernels' shift was -inf on those rows, and
+    their zero adjoint came out NaN in dQ and dK)."""
+    def mask(b, h, q_idx, kv_idx):
+        return (q_idx < 10) & (kv_idx <= q_idx)
+    g = torch.Generator().manual_seed(0)
+    base = [torch.randn(1, 2, 37, 16, generator=g) for _ in range(3)]
+    ours = [t.to(DEVICE).clone().requires_grad_() for t in base]
+    ref = [t.double().requires_grad_() for t in base]
+    out, lse = flex_attention(*ours, mask_mod=mask, return_lse=True)
+    (out.sum() + lse.masked_fill(lse.isinf(), 0).sum()).backward()
+    idx = torch.arange(37)
+    s = ((ref[0] @ ref[1].transpose(-1, -2)) / 4.0).masked_fill(~mask(0, 0, idx[:, None], idx[None, :]), -math.inf)
+    want_lse = torch.logsumexp(s, -1)
+    want = torch.exp(s - want_lse[..., None]).nan_to_num(0.0) @ ref[2]
+    (want.sum() + want_lse.masked_fill(want_lse.isinf(), 0).sum()).backward()
+    for a, r in zip(ours, ref):
+        assert not torch.isnan(a.grad).any()
+        assert (a.grad.double().cpu() - r.grad).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("case", ["distance", "uniform window"])
+def test_scores_made_of_positions_alone_train(case):
+    """A score_mod that never reads the score (attention by distance, a uniform window): its training forward's
+    saved row max reads no key tensor, and was refused for a size no input carried."""
+    def mods(learned):
+        if case == "distance":
+            (slopes,) = learned
+            return (lambda s, b, h, q_idx, kv_idx: -slopes[h] * (q_idx - kv_idx).abs()), None
+        return (lambda s, b, h, q_idx, kv_idx: torch.where((q_idx - kv_idx).abs() < 4, torch.zeros_like(s),
+                                                           -math.inf)), None
+    run_both((1, 2, 2, 11, 13, 16), torch.float32, mods, learn=[torch.rand(2) * 0.5] if case == "distance" else [])

@@ -120,3 +120,33 @@ def test_callables_that_ignore_the_keys_or_return_a_constant(score_mod, mask_mod
     the keys, or as a boolean constant)."""
     q, k, v = inputs(1, 2, 11, 19)
     assert error(q, k, v, score_mod, mask_mod) < 5e-3
+
+
+FLAGS = torch.tensor([1.0, 0.0])   # a per-head flag kept as floats
+
+
+@pytest.mark.parametrize("score_mod, mask_mod", [
+    (None, lambda b, h, q_idx, kv_idx: (FLAGS[h] > 0.5) | (q_idx >= kv_idx)),
+    (lambda s, b, h, q_idx, kv_idx: torch.where((FLAGS[h] > 0.5) & (kv_idx < 3), s - 1.0, s), None),
+    (None, lambda b, h, q_idx, kv_idx: torch.tensor(True) & (q_idx >= kv_idx)),
+    (None, lambda b, h, q_idx, kv_idx: torch.tensor(False) | (q_idx >= kv_idx)),
+    (None, lambda b, h, q_idx, kv_idx: torch.full_like(q_idx, True, dtype=torch.bool) & (q_idx >= kv_idx)),
+], ids=["flag or causal", "flag and first keys", "tensor(True) and", "tensor(False) or", "full_like(True) and"])
+def test_truth_values_of_flags_and_constants(score_mod, mask_mod):
+    """A flag read per head combined with a tile of tests (the interpreter could not | a scalar truth value with
+    a tile), and constant truth values made inside the callable (refused as booleans, or run as ATen on a
+    Python bool)."""
+    q, k, v = inputs(1, 2, 13, 13)
+    assert error(q, k, v, score_mod, mask_mod) < 5e-3
+
+
+def test_a_block_mask_from_block_tables_alone_says_its_blocks_are_not_read():
+    from torch.nn.attention.flex_attention import BlockMask
+    from neptune_eqsat import flex
+    kv_num = torch.tensor([[[1, 1]]], dtype=torch.int32)
+    kv_idx = torch.tensor([[[[0, 1], [1, 0]]]], dtype=torch.int32)
+    block_mask = BlockMask.from_kv_blocks(kv_num, kv_idx, BLOCK_SIZE=16, seq_lengths=(32, 32))
+    q, k, v = inputs(1, 1, 32, 32)
+    flex._WARNED.discard("block_tables")
+    with pytest.warns(UserWarning, match="no mask_mod"):
+        flex_attention(*(x.to(DEVICE) for x in (q, k, v)), block_mask=block_mask)

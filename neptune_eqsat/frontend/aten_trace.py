@@ -150,11 +150,17 @@ def _fill(value):
 
 def _full(*args, **kwargs):
     value = kwargs.get("fill_value", args[1] if len(args) > 1 else args[0])
-    return S._wrap(value)
+    return value if isinstance(value, bool) else S._wrap(value)   # a truth value stays a bool (_evaluated)
 
 
 def _same(x, *args, **kwargs):
     return x
+
+
+def _truth(x) -> S.Expr:
+    """An operand as a spec value: a constant truth value (torch.tensor(True) & mask) as the number 1 or 0, which
+    the logic reads as true where nonzero."""
+    return S._wrap(float(x) if isinstance(x, bool) else x)
 
 
 # ATen operation name -> translation. Entries taking `node` first read the dtypes traced with the values.
@@ -194,7 +200,7 @@ ATEN = {
     "floor": ("node", _integral("floor")), "ceil": ("node", _integral("ceil")),
     "round": ("node", _integral("round")), "trunc": ("node", _integral("trunc")),
     "_to_copy": ("node", _to), "to": ("node", _to), "type_as": ("node", _to),
-    "scalar_tensor": lambda v, **kwargs: S._wrap(v), "full": _full, "new_full": _full, "full_like": _full,
+    "scalar_tensor": lambda v, **kwargs: v if isinstance(v, bool) else S._wrap(v), "full": _full, "new_full": _full, "full_like": _full,
     "new_ones": _fill(1), "ones_like": _fill(1), "new_zeros": _fill(0), "zeros_like": _fill(0),
     "lift_fresh_copy": _same, "clone": _same, "alias": _same, "detach": _same, "view": _same, "reshape": _same,
     "_unsafe_view": _same, "expand": _same, "squeeze": _same, "unsqueeze": _same, "permute": _same,
@@ -219,7 +225,7 @@ ATEN = {
 for _op in ops.UN.values():
     ATEN.update({name: S.ELEMENTWISE[_op.name] for name in _op.aten})
 for _op in ops.BIN.values():
-    ATEN.update({name: (lambda fn: lambda a, b: S.Expr(ir.bin(fn, S._wrap(a).term, S._wrap(b).term)))(_op.name)
+    ATEN.update({name: (lambda fn: lambda a, b: S.Expr(ir.bin(fn, _truth(a).term, _truth(b).term)))(_op.name)
                  for name in _op.aten})
 
 
@@ -280,8 +286,9 @@ def _translate(node, env, read):
         open_dims = [k for k, f in enumerate(base.fixed) if f is None]
         size = base.tensor.shape[open_dims[dim]]
         return base.index([None] * (dim % len(open_dims)) + [S._wrap(at + size if at < 0 else at)], read)
-    if name in ("lift_fresh_copy", "clone", "alias", "detach") and isinstance(args[0], View):
-        return args[0]   # a table made inside the callable (torch.tensor([0.5, -1.0])[h]), read where indexed
+    if name in ("lift_fresh_copy", "clone", "alias", "detach") and isinstance(args[0], (View, bool, int, float)):
+        return args[0]   # a table made inside the callable (torch.tensor([0.5, -1.0])[h]), read where indexed; a
+        # literal already evaluated (torch.tensor(True))
     if not any(isinstance(a, (S.Expr, View)) for a in _flat(args) + _flat(list(kwargs.values()))):
         return _evaluated(target(*args, **kwargs))   # made from constants only (torch.ones(4)): run it
     for a in list(args) + list(kwargs.values()):

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from neptune_eqsat import ir
-from neptune_eqsat.plan.derivatives import local_adjoints, plus, shift_invariant, times, total
+from neptune_eqsat.plan.derivatives import local_adjoints, over_broadcast, plus, shift_invariant, total
 from neptune_eqsat.ir import Term
 from neptune_eqsat.plan.schedule import is_large
 from neptune_eqsat.frontend.spec import Output, Spec, SpecError
@@ -346,7 +346,7 @@ def _adjoints(spec: Spec, T: Term, seed: Term, zero: set[Term]) -> dict[Term, li
             for child, contribution in local_adjoints(t, a):
                 if contribution == ZERO:
                     continue
-                contribution = _over_broadcast(spec, t, child, contribution)
+                contribution = over_broadcast(spec.axes_, t, child, contribution)
                 if child.op == "load":
                     reads.setdefault(child, []).append(contribution)
                     continue
@@ -356,18 +356,6 @@ def _adjoints(spec: Spec, T: Term, seed: Term, zero: set[Term]) -> dict[Term, li
                 into = adj.setdefault(child, {})
                 into[key] = plus(into[key], contribution) if key in into else contribution
     return reads
-
-
-def _over_broadcast(spec: Spec, t: Term, child: Term, contribution: Term) -> Term:
-    """The contribution times the extent of each axis the child is broadcast along but the contribution does
-    not vary along: t's value (with the axis it reduces over, for a reduction) runs over axes the child lacks,
-    and the child's adjoint is the sum over them (`sum(j, x[r, j] + t[r])` gives t[r] the adjoint N * A, not A).
-    A sum over an axis the contribution does vary along stays a sum (`total`)."""
-    domain = t.free | ({t.attrs[1]} if ir.is_reduction(t) else set())
-    for ax in sorted(domain - child.free - contribution.free):
-        ext = spec.axes_[ax]
-        contribution = times(contribution, ir.const(float(ext)) if isinstance(ext, int) else ir.dim(ext.name))
-    return contribution
 
 
 def _is_long(spec: Spec, ax: str) -> bool:

@@ -64,6 +64,19 @@ def total(a: Term, keep: frozenset[str]) -> Term:
     return a
 
 
+def over_broadcast(extents: dict, t: Term, child: Term, contribution: Term) -> Term:
+    """A contribution from t to its child times the extent (`extents`: axis -> int or Dim) of each axis the
+    child is broadcast along but the contribution does not vary along: t's value (with the axis it reduces
+    over, for a reduction) runs over axes the child lacks, and the child's adjoint is the sum over them
+    (`sum(j, x[r, j] + t[r])` gives t[r] the adjoint N * A, not A). A sum over an axis the contribution does
+    vary along stays a sum (`total`)."""
+    domain = t.free | ({t.attrs[1]} if ir.is_reduction(t) else set())
+    for ax in sorted(domain - child.free - contribution.free):
+        ext = extents[ax]
+        contribution = times(contribution, ir.const(float(ext)) if isinstance(ext, int) else ir.dim(ext.name))
+    return contribution
+
+
 class Builder:
     """The term constructors an op's derivative in the registry (ir/ops.py) builds its adjoints with."""
     ZERO, ONE = ZERO, ONE

@@ -52,9 +52,11 @@ def sub_spec(spec: Spec, name: str, term: Term, axes: tuple[str, ...], extra: di
     if missing:
         raise SpecError(f"spec {spec.name}: a stage reads unknown tensors {sorted(missing)}")
     # a size the term or its output runs over that no input read carries (a gradient spread evenly over a row,
-    # g / N): an input of the spec that has it comes along, unread, so that a call takes the size from its shape
+    # g / N; a row max of scores made from positions alone): an input of the spec that has it comes along,
+    # unread, so that a call takes the size from its shape
     carried = {e.name for t in sub.inputs.values() for e in t.shape if not isinstance(e, int)}
-    needed = [e.name for a in axes if not isinstance(e := spec.extent(a), int)] + \
+    reduced = [x.attrs[1] for x in ir.walk(term) if ir.is_reduction(x)]   # (a max over keys no key tensor feeds)
+    needed = [e.name for a in [*axes, *reduced] if not isinstance(e := spec.extent(a), int)] + \
         [x.attrs[0] for x in ir.walk(term) if x.op == "dim"]
     for size in dict.fromkeys(needed):
         holder = next(((n, t) for n, t in spec.inputs.items() if size in {getattr(e, "name", None) for e in t.shape}),

@@ -14,7 +14,8 @@ Three things move work out of a gradient kernel's loop:
   forward's kernel already keeps `m log2 e` (its exponentials are exp2), so a training forward writes the
   logsumexp from that max rather than a second one, and the gradient kernels subtract it as it is.
   Applied only where it removes every division by `v` and `v` is provably non-negative (where `v` is 0 the
-  original is not finite either).
+  original is not finite either); the shift takes log v as 0 there, so that a row the mask empties, whose
+  adjoint a guard sets to 0, stays 0 rather than exp(-inf - -inf).
 * **Math on stages alone along the loop axis** (a guarded row value, a row value times a constant) becomes a
   stage: inside the loop such a value is a vector along the loop axis, which every thread computes again for
   each block it holds.
@@ -195,7 +196,11 @@ class Stager:
         terms = _signed_terms(u)
         staged = [(s, x) for s, x in terms if self._on_stages(x)]
         rest = [(s, x) for s, x in terms if not self._on_stages(x)]
-        shift = ir.bin("mul", ir.un("log", v), ir.const(LOG2E))   # log2 v, less the exponent's terms on stages
+        # log2 v, less the exponent's terms on stages; 0 where v is: a row whose every exponential is 0 (all masked)
+        # keeps a finite shift, since exp(where(mask, s, -inf) - shift) is 0 there only while the shift is finite
+        # (rules/algebra.py mask-absorbed-by-exp; a shift of -inf made those zeros NaN)
+        shift = ir.where(ir.bin("eq", v, ir.const(0.0)), ir.const(0.0),
+                         ir.bin("mul", ir.un("log", v), ir.const(LOG2E)))
         for s, x in staged:
             shift = ir.bin("sub" if s > 0 else "add", shift, ir.bin("mul", x, ir.const(LOG2E)) if natural else x)
         out = None
