@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import click
@@ -52,15 +53,39 @@ def _load(spec_file: str, dtype: str | None = None):
         raise click.ClickException(str(e)) from e
 
 
+def _writable(output: str) -> None:
+    """Refuse, before anything compiles, an output path that cannot be written: its nearest existing folder is a
+    file, or one this user cannot write in."""
+    path = Path(output).resolve()
+    above = path.parent
+    while not above.exists():
+        above = above.parent
+    if not above.is_dir():
+        raise click.BadParameter(f"cannot write {output}: {above} is a file, not a folder", param_hint="-o")
+    if not os.access(above, os.W_OK):
+        raise click.BadParameter(f"cannot write {output}: no permission to write in {above}", param_hint="-o")
+
+
 def _write(output: str, text: str) -> None:
-    """Write `output` through a temporary file of its own beside it (nothing else in the folder is touched)."""
+    """Write `output` through a temporary file of its own beside it (nothing else in the folder is touched),
+    with the permissions a new file gets (the umask's; an existing file's own where it is replaced)."""
     folder = Path(output).resolve().parent
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{Path(output).name}.", suffix=".tmp")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{Path(output).name}.", suffix=".tmp")
+    except OSError as e:
+        raise click.ClickException(f"cannot write {output}: {e.strerror}") from e
+    umask = os.umask(0)
+    os.umask(umask)
+    mode = Path(output).stat().st_mode & 0o777 if Path(output).is_file() else 0o666 & ~umask
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        os.chmod(tmp, mode)
         os.replace(tmp, output)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise click.ClickException(f"cannot write {output}: {e.strerror}") from e
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -81,7 +106,18 @@ def _device(text: str | None):
         raise click.BadParameter(str(e), param_hint="--device") from e
 
 
-@click.group()
+class _Commands(click.Group):
+    """The commands, a mistake in the rule files (a rule declared twice) reported as a one-line error."""
+
+    def invoke(self, ctx):
+        from neptune_eqsat.proof.rulebook import RuleDeclarationError
+        try:
+            return super().invoke(ctx)
+        except RuleDeclarationError as e:
+            raise click.ClickException(str(e)) from e
+
+
+@click.group(cls=_Commands)
 def main() -> None:
     """Equality-saturation superoptimizer for chains of reductions (attention, softmax, norms)."""
 
@@ -116,6 +152,8 @@ def optimize(spec_file: str, output: str | None, explain: bool, shape: str | Non
     spec = _load(spec_file, dtype)
     sizes = _spec_sizes(spec, _sizes(shape), every=False)
     names = _wrt(spec, wrt, backward, atomic)
+    if output:
+        _writable(output)
     try:
         result = run(spec, sizes=sizes, limits=Limits(max_nodes, max_seconds), spec_file=spec_file,
                      device=_device(device_text), out_file=output or "OUT.py", plan=plan)
@@ -238,6 +276,8 @@ def check(spec_file: str, shape: str, seed: int) -> None:
     from neptune_eqsat.frontend.reference import evaluate_all, random_inputs, tolerance
 
     sizes = _spec_sizes(_load(spec_file), _sizes(shape), every=True)
+    # Triton's interpreter computes masked-off lanes too (0 / 0 there): numpy's warnings about them are noise
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.")
     try:
         result = run(spec_file)
         mod = load_module(result.source, result.spec.name)

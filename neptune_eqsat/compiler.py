@@ -11,7 +11,7 @@ from neptune_eqsat.codegen.gluon_gradients import match_gradients
 from neptune_eqsat.codegen.hygiene import check_names
 from neptune_eqsat.codegen.module import module_source
 from neptune_eqsat.codegen.staged_module import module_source as staged_module_source
-from neptune_eqsat.plan.cost import Device, PlanCost, plan_cost
+from neptune_eqsat.plan.cost import Device, PlanCost, parse_device, plan_cost
 from neptune_eqsat.plan.extract import Candidate, candidates
 from neptune_eqsat.plan.saturate import Limits, Saturation, saturate
 from neptune_eqsat.plan.stages import Stage, staged
@@ -190,8 +190,8 @@ def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, devic
         spec = load_spec(spec)
     if dtype is not None:
         spec = spec.retyped(dtype)
-    sizes = {**spec.typical, **(sizes or {})}
-    device = device or Device.detect()
+    sizes = {**spec.typical, **_checked_sizes(spec, sizes or {})}
+    device = parse_device(device) if isinstance(device, str) else device or Device.detect()
     measured = measured_plans(spec.name, sizes, device.name)
     sat, cands = _saturated_candidates(spec, sizes, device, measured, limits)
     for attempt in range(2, SATURATIONS + 1):
@@ -263,14 +263,29 @@ def _as_stages(spec: Spec, sizes: dict[str, int], device: Device, limits: Limits
     if not stages:
         return None
     try:
-        parts = tuple((st, optimize(st.spec, sizes, device, limits)) for st in stages)
-        final = optimize(last, sizes, device, limits)
+        parts = tuple((st, optimize(st.spec, _dims_of(st.spec, sizes), device, limits)) for st in stages)
+        final = optimize(last, _dims_of(last, sizes), device, limits)
     except SpecError:   # a stage refused, e.g. for a name clash (hygiene.py): optional stages fall back
         if every:
             return None
         raise
     source = staged_module_source(spec, [(st, r.source) for st, r in parts], last, final.source)
     return replace(final, spec=spec, source=source, stages=parts, last=final)
+
+
+def _dims_of(spec: Spec, sizes: dict[str, int]) -> dict[str, int]:
+    return {n: v for n, v in sizes.items() if n in spec.dims_}
+
+
+def _checked_sizes(spec: Spec, sizes: dict) -> dict[str, int]:
+    """Sizes to price plans at, each a dim of the spec with a positive int."""
+    for name, value in sizes.items():
+        if name not in spec.dims_:
+            raise SpecError(f"spec {spec.name}: sizes names {name!r}, which is not one of its dims "
+                            f"({', '.join(spec.dims_) or 'none'})")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SpecError(f"spec {spec.name}: size {name} must be a positive int, got {value!r}")
+    return sizes
 
 
 def _force(cands: list[Candidate], family: str, spec_name: str) -> list[Candidate]:

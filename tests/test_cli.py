@@ -184,3 +184,48 @@ def test_check_compares_every_output_of_a_spec(tmp_path):
     result = CliRunner().invoke(main, ["check", str(path), "--shape", "R=3,N=7"])
     assert result.exit_code == 0, result.output
     assert "softmax_lse R=3,N=7: y: max |error|" in result.output and ": lse: max |error|" in result.output
+
+
+def test_an_output_path_that_cannot_be_written_is_refused_before_compiling(tmp_path):
+    a_file = tmp_path / "kernel.py"
+    a_file.write_text("")
+    result = CliRunner().invoke(main, ["optimize", str(SPECS / "softmax.py"), "-o", str(a_file / "x.py")])
+    assert result.exit_code == 2 and f"{a_file} is a file, not a folder" in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_written_module_takes_the_usual_permissions(tmp_path):
+    import os
+    out = tmp_path / "kernel.py"
+    umask = os.umask(0o022)
+    try:
+        assert CliRunner().invoke(main, ["optimize", str(SPECS / "softmax.py"), "-o", str(out)]).exit_code == 0
+        assert out.stat().st_mode & 0o777 == 0o644
+        out.chmod(0o640)   # a file replaced keeps its own
+        assert CliRunner().invoke(main, ["optimize", str(SPECS / "softmax.py"), "-o", str(out)]).exit_code == 0
+        assert out.stat().st_mode & 0o777 == 0o640
+    finally:
+        os.umask(umask)
+
+
+def test_a_rule_declared_twice_is_a_one_line_error(monkeypatch):
+    from neptune_eqsat.proof.rulebook import RuleDeclarationError
+
+    def declared_twice():
+        raise RuleDeclarationError("rule 'mul-commute' is declared twice (families algebra and algebra)")
+    monkeypatch.setattr("neptune_eqsat.cli._select", lambda names: declared_twice())
+    result = CliRunner().invoke(main, ["rules", "check", "exp-split"])
+    assert result.exit_code == 1 and "Error: rule 'mul-commute' is declared twice" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_the_api_checks_sizes_and_takes_a_device_by_name():
+    from neptune_eqsat.compiler import optimize
+    from neptune_eqsat.spec import SpecError
+    spec = str(SPECS / "softmax.py")
+    for sizes, message in (({"Q": 3}, "sizes names 'Q', which is not one of its dims"),
+                           ({"R": 0}, "size R must be a positive int, got 0"),
+                           ({"R": "7"}, "size R must be a positive int, got '7'")):
+        with pytest.raises(SpecError, match=message):
+            optimize(spec, sizes=sizes)
+    assert optimize(spec, device="h200").device.name == "NVIDIA H200"   # a name, as --device takes it

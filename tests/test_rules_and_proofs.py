@@ -109,3 +109,16 @@ def test_a_positive_scale_leaves_the_maximum_and_the_mask():
             e = eg.let("e", lhs)
             eg.run(make_ruleset(f"pulls{k}", list(pulls.values())) * 2)
             assert eg.check_bool(eq(e).to(rhs)) is fires, (k, lhs)
+
+
+def test_an_identity_that_cancels_a_division_is_refused():
+    """(a * b) / b = a: sympy cancels the left side as it builds it, so the obligation read a = a and the rule
+    fired, giving a value where the spec has none (b = 0). The divisions each side makes are compared first."""
+    cancel = identity("cancel-div", "algebra", "planted: (a * b) / b = a",
+                      lambda o, a, b: o.bin("div", o.bin("mul", a, b), b), lambda o, a, b: a, 2)
+    stmt, ok = cancel.proof
+    assert not ok and "divides by b and the right does not" in stmt
+    kept = identity("scale-over-difference", "algebra", "(a - b) / c = a / c - b / c",
+                    lambda o, a, b, c: o.bin("div", o.bin("sub", a, b), c),
+                    lambda o, a, b, c: o.bin("sub", o.bin("div", a, c), o.bin("div", b, c)), 3)
+    assert kept.proof[1]

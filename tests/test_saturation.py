@@ -16,7 +16,7 @@ from neptune_eqsat.plan.extract import candidates
 from neptune_eqsat.plan.saturate import SCHEDULE, Limits, Saturation, saturate
 from neptune_eqsat.spec import load_spec
 
-from conftest import SPECS
+from conftest import SPECS, assert_close
 
 CHOSEN = {"alibi_dc": "split", "alibi_pf": "rolled", "attention_rmsnorm": "rolled", "causal_dc": "split",
           "causal_pf": "rolled", "cross_entropy": "split", "global_pf": "rolled", "gqa_dc": "split+packed",
@@ -168,3 +168,34 @@ def test_an_enode_whose_literal_does_not_fit_its_place_is_not_read():
     eg.register(union(product).with_(ETerm.bin("f16", ETerm.const(2.0), ETerm.const(3.0))))
     nodes = [n for ns in snapshot(eg).classes.values() for n in ns]
     assert {(n.op, n.lits) for n in nodes if n.op in ("cast", "bin")} == {("cast", ("f16",)), ("bin", ("mul",))}
+
+
+def _reused_at_every_level(levels: int):
+    from neptune_eqsat import ir
+    e = ir.load("x", ir.axis("r"), ir.axis("j"))
+    for _ in range(levels):   # e = e * 0.9 + tanh(e * 0.1 + 1): e twice a level, a tree of 2^levels leaves
+        e = ir.bin("add", ir.bin("mul", e, ir.const(0.9)),
+                   ir.un("tanh", ir.bin("add", ir.bin("mul", e, ir.const(0.1)), ir.const(1.0))))
+    return e
+
+
+def test_terms_that_reuse_a_value_at_every_level_compare_and_print_in_their_dag_size():
+    """Two separately built copies of a term whose tree has 2^60 leaves are equal, and print in a line of the
+    DAG's size: the generated comparison and the tree form walked every path (compiles of a spec reusing a value
+    twenty levels deep took minutes)."""
+    from neptune_eqsat import ir
+    a, b = _reused_at_every_level(60), _reused_at_every_level(60)
+    assert a is not b and a == b and hash(a) == hash(b)
+    assert a != _reused_at_every_level(59)
+    text = ir.show(a)
+    assert len(text) < 20000 and text.endswith(")") and "v1 = " in text
+    assert ir.show(_reused_at_every_level(3)).count("tanh") == 7   # a small tree prints as before
+
+
+def test_a_spec_reusing_a_value_at_every_level_compiles_and_is_right(tmp_path):
+    body = "e = x[r, j]\n" + "e = e * 0.9 + tanh(e * 0.1 + 1.0)\n" * 24
+    path = tmp_path / "reused.py"
+    path.write_text("from neptune_eqsat.spec import *\nspec = Spec('reused')\nR, N = spec.dims(R=64, N=512)\n"
+                    "r, j = spec.axes(r=R, j=N)\nx = spec.input('x', f32, R, N)\n" + body +
+                    "m = max(j, e)\nspec.output('y', f32, exp(e - m) / sum(j, exp(e - m)), r, j)\n")
+    assert_close(str(path), {"R": 3, "N": 37})

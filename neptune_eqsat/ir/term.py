@@ -70,6 +70,25 @@ class Term:
             object.__setattr__(self, "_hash", h)
         return h
 
+    def __eq__(self, other) -> bool:
+        """Structural equality, each pair of distinct equal nodes compared once: the generated comparison walks
+        the whole tree, exponential in the depth of a term that reuses a value (e = e * 0.9 + tanh(e) twenty
+        times over held a compile for minutes in the memos keyed by terms)."""
+        if self is other:
+            return True
+        if not isinstance(other, Term) or hash(self) != hash(other) or self.op != other.op or \
+                self.attrs != other.attrs or len(self.args) != len(other.args):
+            return False
+        pair = (id(self), id(other))
+        if pair in _EQUAL:
+            return True
+        if not all(a == b for a, b in zip(self.args, other.args)):
+            return False
+        if len(_EQUAL) > 1 << 16:
+            _EQUAL.clear()
+        _EQUAL[pair] = (self, other)   # kept alive, so that the ids stay theirs
+        return True
+
     @cached_property
     def free(self) -> frozenset[str]:
         """Axes the value depends on."""
@@ -85,6 +104,10 @@ class Term:
     @cached_property
     def size(self) -> int:
         return 1 + sum(a.size for a in self.args)
+
+
+_EQUAL: dict[tuple[int, int], tuple[Term, Term]] = {}   # pairs of distinct nodes found equal
+TREE_LIMIT = 20000   # nodes of a term's tree past which show() names its shared sub-terms (show_lets)
 
 
 def axis(name: str) -> Term: return Term("axis", (name,))
@@ -179,7 +202,10 @@ _INFIX = {name: op.infix for name, op in ops.BIN.items() if op.infix}
 
 
 def show(t: Term) -> str:
-    """Readable one-line form, close to spec syntax."""
+    """Readable one-line form, close to spec syntax; a term whose tree is huge (a value reused at every level of
+    a deep expression) as its shared sub-terms named once, `v1 = ...; ...; out = ...` (show_lets)."""
+    if t.size > TREE_LIMIT:
+        return "; ".join(show_lets(t))
     op, at, ar = t.op, t.attrs, t.args
     if op in ("axis", "dim"):
         return at[0]

@@ -59,11 +59,17 @@ def is_large(ext) -> bool:
 
 
 def _top_refs(r: Term, loop: str) -> list[Term]:
+    """The reductions over `loop` r's arguments read, not looking inside them; each shared sub-term visited once
+    (a value reused at every level of a deep expression has a tree exponential in its depth)."""
     out: list[Term] = []
+    seen: set[Term] = set()
     for a in r.args:
         stack = [a]
         while stack:
             x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
             if ir.is_reduction(x) and x.attrs[1] == loop:
                 if x not in out:
                     out.append(x)

@@ -15,6 +15,10 @@ from neptune_eqsat.proof.lazy import sympy as sp
 from neptune_eqsat.proof.symbolic import SymOps, proves
 
 
+class RuleDeclarationError(ValueError):
+    """The rule files declare something that cannot be (a name twice): every command that reads the rules says so."""
+
+
 class EggOps:
     """Builds e-graph patterns from rule patterns (egglog is imported where a ruleset is built: the rules'
     obligations and term rewrites need only sympy)."""
@@ -126,6 +130,26 @@ class NumOps:
     def const(self, v): return v
 
 
+class _Divisions(SymOps):
+    """SymOps that notes each divisor as the pattern is built (before sympy cancels it away)."""
+    def __init__(self):
+        self.divisors: list = []
+
+    def bin(self, fn, a, b):
+        if fn == "div":
+            self.divisors.append(b)
+        return super().bin(fn, a, b)
+
+    def dropped_by(self, other: "_Divisions") -> list:
+        """Divisors of this side that may be 0 and that no divisor of `other` shares its zeros with (equal up to
+        a nonzero constant factor)."""
+        def shares(d, e) -> bool:
+            ratio = sp.simplify(d / e)
+            return bool(ratio.is_number and ratio != 0 and ratio.is_finite)
+        return [d for d in self.divisors   # (sympy knows where a divisor is never 0: exp(b), a nonzero constant)
+                if d.is_zero is not False and not any(shares(d, e) for e in other.divisors)]
+
+
 def evaluate_both(lhs: Callable, rhs: Callable):
     """A numeric check of lhs = rhs: None where they agree (or are undefined), else the counterexample."""
     def check(vals: list[float]) -> str | None:
@@ -153,8 +177,14 @@ def identity(name: str, family: str, meaning: str, lhs: Callable, rhs: Callable,
 
     def obligation() -> tuple[str, bool]:
         syms = sp.symbols(letters, real=True)
-        left, right = lhs(SymOps(), *syms), rhs(SymOps(), *syms)
-        return f"{left} = {right}", proves(left, right)
+        lo, ro = _Divisions(), _Divisions()
+        left, right = lhs(lo, *syms), rhs(ro, *syms)
+        statement = f"{left} = {right}"
+        lost = [] if conditions else lo.dropped_by(ro)
+        if lost:   # sympy cancels (a * b) / b as it builds it: the obligation alone would read a = a
+            return f"{statement}, but the left side divides by {lost[0]} and the right does not: the rewrite " \
+                   f"would give a value where the left has none ({lost[0]} = 0)", False
+        return statement, proves(left, right)
 
     names = ["x[i, j]", "m[i]", "v[j]", "w", "y", "z", "u", "t"][:nvars]
     example = (lhs(ShowOps(), *names), rhs(ShowOps(), *names))
