@@ -190,8 +190,16 @@ def optimize(spec: Spec | str | Path, sizes: dict[str, int] | None = None, devic
         spec = load_spec(spec)
     if dtype is not None:
         spec = spec.retyped(dtype)
-    sizes = {**spec.typical, **_checked_sizes(spec, sizes or {})}
-    device = parse_device(device) if isinstance(device, str) else device or Device.detect()
+    device = parse_device(device) if isinstance(device, str) else device
+    return _compiled(spec, _checked_sizes(spec, sizes or {}), device, limits, spec_file, out_file, plan)
+
+
+def _compiled(spec: Spec, sizes: dict[str, int], device: Device | None, limits: Limits | None,
+              spec_file: str | None = None, out_file: str | None = None, plan: str | None = None) -> Result:
+    """optimize's work on a spec object; `sizes` may also name dims of the spec it is a stage of (a staged
+    spec's kernels are priced, and their measurements kept, at the whole spec's sizes)."""
+    sizes = {**spec.typical, **sizes}
+    device = device or Device.detect()
     measured = measured_plans(spec.name, sizes, device.name)
     sat, cands = _saturated_candidates(spec, sizes, device, measured, limits)
     for attempt in range(2, SATURATIONS + 1):
@@ -263,18 +271,14 @@ def _as_stages(spec: Spec, sizes: dict[str, int], device: Device, limits: Limits
     if not stages:
         return None
     try:
-        parts = tuple((st, optimize(st.spec, _dims_of(st.spec, sizes), device, limits)) for st in stages)
-        final = optimize(last, _dims_of(last, sizes), device, limits)
+        parts = tuple((st, _compiled(st.spec, sizes, device, limits)) for st in stages)
+        final = _compiled(last, sizes, device, limits)
     except SpecError:   # a stage refused, e.g. for a name clash (hygiene.py): optional stages fall back
         if every:
             return None
         raise
     source = staged_module_source(spec, [(st, r.source) for st, r in parts], last, final.source)
     return replace(final, spec=spec, source=source, stages=parts, last=final)
-
-
-def _dims_of(spec: Spec, sizes: dict[str, int]) -> dict[str, int]:
-    return {n: v for n, v in sizes.items() if n in spec.dims_}
 
 
 def _checked_sizes(spec: Spec, sizes: dict) -> dict[str, int]:
