@@ -8,12 +8,14 @@ is emitted as torch code from the index terms. The module imports only torch and
 """
 from __future__ import annotations
 
+import inspect
 import textwrap
 
 from neptune_eqsat.plan.autodiff import Backward, GradPart
 from neptune_eqsat.frontend.spec import Spec
 from neptune_eqsat.codegen.embedded import reads, sources_table
 from neptune_eqsat.codegen.index_guards import INDEX_HELPERS, index_code
+from neptune_eqsat.runtime.scatter import scatter_add
 
 def module_source(spec: Spec, forward_source: str, backward: Backward, sources: dict[str, str]) -> str:
     """The module: `forward(*inputs)`, `forward_saved(*inputs)` (the output and the values the backward saves,
@@ -42,6 +44,9 @@ def module_source(spec: Spec, forward_source: str, backward: Backward, sources: 
               f"GRADIENT_KERNELS = {tuple(k.spec.name for k in backward.kernels)!r}",
               f"DIMS = {dims!r}   # run-time size -> (input, dimension) it is read from", "", "", HELPERS, "", "",
               "def backward(*inputs, out, grad_out, saved=()):",
+              "    if isinstance(grad_out, (tuple, list)) or isinstance(out, (tuple, list)):",
+              f"        raise TypeError('backward takes the gradient of the first output, {spec.output_name}, alone "
+              "(out= and grad_out= are tensors)')",
               "    t = dict(zip(INPUTS, inputs))",
               "    t.update(zip(SAVED, saved))",
               f"    t[{backward.out_name!r}], t[{backward.grad_name!r}] = out, grad_out",
@@ -69,7 +74,7 @@ def _stage_table(backward: Backward) -> str:
             f"KERNEL_READS = {tuple(kernel_reads)!r}   # the stages the gradient kernels read\n\n")
 
 
-HELPERS = INDEX_HELPERS + "\n\n\n" + textwrap.dedent('''
+HELPERS = INDEX_HELPERS + "\n\n\n" + inspect.getsource(scatter_add).strip() + "\n\n\n" + textwrap.dedent('''
     def forward(*inputs, config=None):
         return _module("forward").forward(*inputs, config=config)
 
@@ -121,8 +126,5 @@ def _part_lines(spec: Spec, part: GradPart, k: int) -> list[str]:
                      else f"    grads[{part.input!r}] += g")
     else:
         index = ", ".join(f"{index_code(x, part.axes, spec)}.long()" for x in part.index)
-        lines += [f"    index = torch.broadcast_tensors({index})",
-                  "    shape = torch.broadcast_shapes(g.shape, index[0].shape)",
-                  f"    grads[{part.input!r}].index_put_(tuple(i.expand(shape) for i in index), "
-                  "g.float().expand(shape), accumulate=True)"]
+        lines += [f"    scatter_add(grads[{part.input!r}], ({index},), g)"]
     return lines

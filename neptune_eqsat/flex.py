@@ -309,7 +309,8 @@ def _plan(score_mod, mask_mod, scale, enable_gqa, lse=False) -> str:
         _TRACED.move_to_end(memo)
         return hit[1]
     probe = dataclasses.replace(_PROBE, lse=lse)
-    spec, captures = trace(score_mod, mask_mod, probe)
+    with torch.no_grad():   # tracing saves nothing for autograd (a checkpoint counts what a forward saves)
+        spec, captures = trace(score_mod, mask_mod, probe)
     # one per callables (their own captures); ":lse" tells the operator's fake output from the attention's
     name = f"{plan_key(spec, probe)}:{scale}:{enable_gqa}:{next(_PLAN_IDS)}" + (":lse" if lse else "")
     setattr(_CAPTURED, name, captures)

@@ -22,6 +22,7 @@ from neptune_eqsat.ir import Term
 from neptune_eqsat.compiled import compiled_module, compiler_fingerprint, run_kernels
 from neptune_eqsat.plan.autodiff import Backward, GradPart, differentiate
 from neptune_eqsat.frontend.reference import Evaluator, _align, bind_sizes
+from neptune_eqsat.runtime.scatter import scatter_add
 from neptune_eqsat.frontend.spec import Spec, SpecError
 
 TORCH = {d: getattr(torch, name) for d, name in ir.TORCH_NAMES.items()}
@@ -134,7 +135,8 @@ class CompiledBackward:
 
 def _accumulate(spec: Spec, part: GradPart, g: torch.Tensor, acc: torch.Tensor, sizes: dict[str, int],
                 inputs: dict[str, torch.Tensor]) -> None:
-    """acc[index] += g summed over the host axes, with repeated indices adding up."""
+    """acc[index] += g summed over the host axes, with repeated indices adding up (an index a where guards, out
+    of acc, adds 0: scatter_add)."""
     if part.groups is not None:   # plain axes, and key heads h // G: sums over groups, no scatter
         acc += _summed(part, g)
         return
@@ -148,8 +150,7 @@ def _accumulate(spec: Spec, part: GradPart, g: torch.Tensor, acc: torch.Tensor, 
             index.append(value[0].long().reshape([1] * len(part.axes)))
         else:
             index.append(_align(value, part.axes).long())
-    shape = torch.broadcast_shapes(g.shape, *(i.shape for i in index))
-    acc.index_put_(tuple(index), g.to(acc.dtype).expand(shape), accumulate=True)
+    scatter_add(acc, index, g)
 
 
 def _host_summed(part: GradPart, g: torch.Tensor) -> torch.Tensor:

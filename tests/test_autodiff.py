@@ -2,6 +2,7 @@
 against torch's autograd of the unfused math in float64; each op's declared derivative checked against sympy."""
 from __future__ import annotations
 
+import math
 import pytest
 import sympy as sp
 import torch
@@ -13,7 +14,7 @@ from neptune_eqsat.proof import symbolic as proof
 from neptune_eqsat.plan.autodiff import differentiate
 from neptune_eqsat.frontend.reference import evaluate, random_inputs, tolerance
 from neptune_eqsat.spec import Spec, exp, load_spec, log, sqrt, sum
-from neptune_eqsat.spec import max as max_, min as min_
+from neptune_eqsat.spec import max as max_, min as min_, where as where_
 from neptune_eqsat.training import Differentiable
 from conftest import check_gradients, gradient_tolerance, spec_variant
 from hopper_checks import attention_spec
@@ -321,6 +322,8 @@ def test_optimize_backward_of_several_outputs_gives_them_before_the_saved_values
     for kept in (saved, ()):
         g, = mod.backward(x, out=y, grad_out=grad_y, saved=kept)
         torch.testing.assert_close(g.double(), ref, atol=1e-5, rtol=1e-4)
+    with pytest.raises(TypeError, match="the gradient of the first output, y, alone"):
+        mod.backward(x, out=(y, lse), grad_out=(grad_y, torch.ones_like(lse)))
 
 
 SOFTMAX_AND_LSE = '''
@@ -523,3 +526,77 @@ def test_a_differentiable_spec_inside_a_compiled_function():
         grads.append(x.grad)
         x.grad = None
     assert torch.equal(*grads)
+
+
+IGNORED_LABELS = {   # a label of -100 the loss ignores: its row reads nothing, guarded by the where
+    "cross_entropy": ("x = spec.input('x', f32, R, V)\nm = max(j, x[r, j])\nlse = m + log(sum(j, exp(x[r, j] - m)))\n"
+                      "spec.output('loss', f32, where(target[r] == -100, 0, lse - x[r, target[r]]), r)\n"),
+    "linear_cross_entropy": ("h = spec.input('h', f32, R, 8)\nw = spec.input('w', f32, V, 8)\n"
+                             "logit = sum(d, h[r, d] * w[j, d])\nm = max(j, logit)\n"
+                             "lse = m + log(sum(j, exp(logit - m)))\nspec.output('loss', f32, where(target[r] == -100, "
+                             "0, lse - sum(d, h[r, d] * w[target[r], d])), r)\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(IGNORED_LABELS))
+def test_gradients_of_a_loss_that_ignores_some_labels(tmp_path, name):
+    """The where that guards the read at an ignored label guards its gradient too: the host's scatter at
+    index -100 raised IndexError (or, past 100 classes, added at another class), and the gradient kernel of the
+    linear form read the weights at -100 unguarded."""
+    import torch.nn.functional as F
+    path = tmp_path / f"{name}.py"
+    path.write_text("from neptune_eqsat.spec import *\nspec = Spec('" + name + "')\nR, V = spec.dims(R=64, V=512)\n"
+                    "r, j, d = spec.axes(r=R, j=V, d=8)\ntarget = spec.input('target', f32, R)\n" + IGNORED_LABELS[name])
+    g = torch.Generator().manual_seed(0)
+    target = torch.tensor([3.0, -100.0, 10.0, -100.0])
+    if name == "cross_entropy":
+        x = torch.randn(4, 37, generator=g)
+        ours, ref = [x.clone().requires_grad_()], [x.double().requires_grad_()]
+        logits = lambda a: a   # noqa: E731
+    else:
+        h, w = torch.randn(4, 8, generator=g), torch.randn(37, 8, generator=g)
+        ours, ref = [h.clone().requires_grad_(), w.clone().requires_grad_()], [h.double().requires_grad_(),
+                                                                                w.double().requires_grad_()]
+        logits = lambda a, b: a @ b.T   # noqa: E731
+    Differentiable(load_spec(str(path)))(target, *ours).sum().backward()   # (the spec declares the labels first)
+    F.cross_entropy(logits(*ref), target.long(), ignore_index=-100, reduction="sum").backward()
+    for a, r in zip(ours, ref):
+        assert (a.grad.double() - r.grad).abs().max().item() < 1e-5
+
+
+def test_a_maximum_with_ties_splits_its_gradient():
+    """Every element equal to a row's maximum took the whole gradient (a row of four equal values passed back
+    4); it is split among them, as torch.amax splits it."""
+    spec = Spec("row_max")
+    R, N = spec.dims(R=64, N=4096)
+    r, j = spec.axes(r=R, j=N)
+    x = spec.input("x", "f32", R, N)
+    spec.output("y", "f32", max_(j, x[r, j]) - 2 * min_(j, x[r, j]), r)
+    xs = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0]], requires_grad=True)
+    Differentiable(spec)(xs).sum().backward()
+    ref = xs.detach().clone().requires_grad_()
+    (ref.amax(1) - 2 * ref.amin(1)).sum().backward()
+    torch.testing.assert_close(xs.grad, ref.grad)
+
+
+def test_a_logsumexp_of_a_row_the_mask_empties_passes_back_no_gradient():
+    """log of an empty row's sum: its derivative A / 0 became NaN under the mask even where A was 0."""
+    spec = Spec("masked_lse")
+    R, N = spec.dims(R=64, N=64)
+    r, j = spec.axes(r=R, j=N)
+    x = spec.input("x", "f32", R, N)
+    keep = spec.input("keep", "bool", R, N)
+    s = where_(keep[r, j], x[r, j], -math.inf)
+    m = max_(j, s)
+    spec.output("lse", "f32", m + log(sum(j, exp(s - where_(m == -math.inf, 0, m)))), r)
+    g = torch.Generator().manual_seed(1)
+    xs = torch.randn(3, 8, generator=g)
+    keep_ = torch.rand(3, 8, generator=g) > 0.4
+    keep_[0] = False
+    ours, ref = xs.clone().requires_grad_(), xs.double().requires_grad_()
+    lse = Differentiable(spec)(ours, keep_)
+    torch.where(lse.isfinite(), lse, 0).sum().backward()
+    want = torch.logsumexp(ref.masked_fill(~keep_, -math.inf), 1)
+    torch.where(want.isfinite(), want, 0).sum().backward()
+    assert not ours.grad.isnan().any()
+    assert (ours.grad.double() - ref.grad).abs().max().item() < 1e-5

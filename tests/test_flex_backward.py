@@ -349,3 +349,25 @@ def test_scores_made_of_positions_alone_train(case):
         return (lambda s, b, h, q_idx, kv_idx: torch.where((q_idx - kv_idx).abs() < 4, torch.zeros_like(s),
                                                            -math.inf)), None
     run_both((1, 2, 2, 11, 13, 16), torch.float32, mods, learn=[torch.rand(2) * 0.5] if case == "distance" else [])
+
+
+def test_a_first_call_under_checkpointing_with_a_capture_that_requires_grad():
+    """The first call of a score_mod traces it; under non-reentrant checkpointing that trace ran with grad enabled
+    and saved tensors the recomputation did not (CheckpointError: a different number of tensors saved). Here
+    the slopes are made from a parameter at every call, so every call traces again."""
+    from torch.utils.checkpoint import checkpoint
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 13, 16, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
+    p = torch.randn(2, generator=g).to(DEVICE).requires_grad_()
+
+    def attend(q, k, v):
+        slopes = torch.exp(p)
+        return flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: s - slopes[h] * (i - j).abs())
+    grads = []
+    for run in (lambda *xs: checkpoint(attend, *xs, use_reentrant=False), attend):
+        run(q, k, v).square().sum().backward()
+        grads.append([t.grad.clone() for t in (q, k, v, p)])
+        for t in (q, k, v, p):
+            t.grad = None
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)

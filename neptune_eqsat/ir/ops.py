@@ -111,7 +111,9 @@ _UNARY = [
        derivative=lambda d, a, t, A: d.times(A, t)),
     Op("log", "un", lambda sp, a: sp.log(a), math.log, lambda torch, x: torch.log(x), lambda np, x: np.log(x),
        "tl.log({})", work=4.0, transcendental=True, aten=("log",),
-       derivative=lambda d, a, t, A: d.over(A, a)),
+       # 0 where a is: the log of an empty row's sum (-inf, a logsumexp every element of which is masked) passes
+       # back no gradient, as torch's logsumexp passes none, rather than A / 0 (NaN once a mask multiplies it)
+       derivative=lambda d, a, t, A: d.where(d.bin("eq", a, d.ZERO), d.ZERO, d.over(A, a))),
     Op("tanh", "un", lambda sp, a: sp.tanh(a), math.tanh, lambda torch, x: torch.tanh(x), lambda np, x: np.tanh(x),
        "(2.0 * tl.sigmoid(2.0 * {}) - 1.0)",
        # Gluon has no sigmoid: tanh(x) = 2 / (1 + 2^(-2x log2 e)) - 1

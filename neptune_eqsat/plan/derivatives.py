@@ -45,7 +45,19 @@ def times(a: Term, b: Term) -> Term:
         return b
     if b == ONE:
         return a
+    for x, y in ((a, b), (b, a)):   # where(c, 0, A) * w[t[r]]: the read stays under the where that guards it
+        negated = x.op == "un" and x.attrs[0] == "neg"
+        w = x.args[0] if negated else x
+        if w.op == "where" and ZERO in w.args[1:] and _reads_at_values(y):
+            guarded = ir.where(w.args[0], times(w.args[1], y), times(w.args[2], y))
+            return minus(guarded) if negated else guarded
     return ir.bin("mul", a, b)
+
+
+def _reads_at_values(t: Term) -> bool:
+    """Does t read a tensor at an index computed from another tensor's values (a label's row of weights)? A
+    where in the forward guards such a read (a label of -100 reads nothing), and the gradient must keep it so."""
+    return any(x.op == "load" and any(y.op == "load" for a in x.args for y in ir.walk(a)) for x in ir.walk(t))
 
 
 def over(a: Term, b: Term) -> Term:
@@ -115,8 +127,11 @@ def local_adjoints(t: Term, A: Term) -> list[tuple[Term, Term]]:
         return [(args[0], A)]
     if op == "red" and t.attrs[0] == "sum":
         return [(args[0], A)]
-    if op == "red":   # max / min: the subgradient, to the elements equal to the result
-        return [(args[0], keep_if(ir.bin("eq", args[0], t), A))]
+    if op == "red":   # max / min: the subgradient, split evenly among the elements equal to the result (as
+        # torch.amax splits it): each tied element taking all of it made a gradient that sums to the tie count
+        hit = ir.bin("eq", args[0], t)
+        ties = ir.red("sum", t.attrs[1], ir.where(hit, ONE, ZERO))
+        return [(args[0], keep_if(hit, over(A, ties)))]
     return []
 
 
