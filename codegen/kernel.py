@@ -68,12 +68,15 @@ class KernelWriter(Loads, TileReductions):
         self.tma_reduce = False            # does a block add into an output through a descriptor (TMA_REDUCE)
         self.tables: dict[Term, object] = {}   # classified mask predicate -> its BlockTable (blocks.py)
         self.packable: dict[str, tuple[str, str]] = {}   # a tile rounded to 16 bits -> its block, its packed line
-        # the run-time sizes of its axes; a size no input carries is one only an axis the spec declared and never
-        # used runs over (spec_checks.size_of_no_input refuses the others): nothing to bind it from
+        # the run-time sizes of its axes, but for a size that no input carries and only axes the term never uses
+        # run over (a spec may declare an axis and not use it: nothing would bind its size)
         carried = {e.name for t in self.spec.inputs.values() for e in t.shape if not isinstance(e, int)}
+        used = {t.attrs[0] for t in ir.walk(sched.term) if t.op == "axis"} | \
+            {t.attrs[1] for t in ir.walk(sched.term) if ir.is_reduction(t)} | set(self.spec.output_axes) | \
+            {a for o in self.spec.also for a in o.axes}
         self.dims = sorted({t.attrs[0] for t in ir.walk(sched.term) if t.op == "dim"} |
-                           {e.name for e in self._extents() if not isinstance(e, int)
-                            and (e.name in carried or e.name in self.spec.derived)})
+                           {e.name for a, e in self.spec.axes_.items() if not isinstance(e, int)
+                            and (e.name in carried or e.name in self.spec.derived or a in used)})
 
     # ---- names ----------------------------------------------------------------------------------------------
     def _extents(self):

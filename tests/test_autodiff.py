@@ -600,3 +600,18 @@ def test_a_logsumexp_of_a_row_the_mask_empties_passes_back_no_gradient():
     torch.where(want.isfinite(), want, 0).sum().backward()
     assert not ours.grad.isnan().any()
     assert (ours.grad.double() - ref.grad).abs().max().item() < 1e-5
+
+
+def test_a_split_gradient_kernel_whose_combine_runs_over_a_size_no_input_carries():
+    """dw of `sum(j, x - min(j, x) + w[j] * j)` sums over the rows in chunks; its combine writes a row over N,
+    which none of its inputs carries: the size comes from the kernel that calls it (the combine lost it once
+    sizes that no input carries were left out of kernels)."""
+    spec = Spec("spread_rows")
+    R, N = spec.dims(R=64, N=1024)
+    r, j = spec.axes(r=R, j=N)
+    x = spec.input("x", "f32", R, N)
+    w = spec.input("w", "f32", N)
+    e = 0.5 + x[r, j]
+    spec.output("y", "f32", sum(j, e - min_(j, e) + w[j] * (j * 0.05)), r)
+    assert set(check_gradients(spec, {"R": 1, "N": 19}, seed=19)) == {"x", "w"}
+
