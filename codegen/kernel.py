@@ -79,9 +79,6 @@ class KernelWriter(Loads, TileReductions):
                             and (e.name in carried or e.name in self.spec.derived or a in used)})
 
     # ---- names ----------------------------------------------------------------------------------------------
-    def _extents(self):
-        return [self.spec.extent(a) for a in self.spec.axes_]
-
     def ext(self, ax: str) -> str:
         e = self.spec.extent(ax)
         return str(e) if isinstance(e, int) else e.name

@@ -32,11 +32,11 @@ def _sizes(text: str | None) -> dict[str, int]:
 
 def _spec_sizes(spec, sizes: dict[str, int], every: bool) -> dict[str, int]:
     """`sizes` checked against the spec's dims: no unknown name and, when `every`, none missing."""
+    from neptune_eqsat.frontend.spec_checks import unknown_dims
+
     dims = list(spec.dims_)
-    unknown = [n for n in sizes if n not in dims]
-    if unknown:
-        raise click.BadParameter(f"unknown dim {', '.join(unknown)}; spec {spec.name} has dims {', '.join(dims)}",
-                                 param_hint="--shape")
+    if problem := unknown_dims(spec, sizes):
+        raise click.BadParameter(problem, param_hint="--shape")
     missing = [n for n in dims if n not in sizes]
     if every and missing:
         raise click.BadParameter(f"no size for dim {', '.join(missing)} of spec {spec.name} (dims: "

@@ -16,6 +16,7 @@ from neptune_eqsat.plan.extract import Candidate, candidates
 from neptune_eqsat.plan.saturate import Limits, Saturation, saturate
 from neptune_eqsat.plan.stages import Stage, staged
 from neptune_eqsat.frontend.spec import Spec, SpecError, load_spec
+from neptune_eqsat.frontend.spec_checks import unknown_dims
 from neptune_eqsat.rules import ALL_RULES
 from neptune_eqsat.tune.database import config_for, configs_by_gpu, db_path, key_prefix, measured_plans, plan_times
 
@@ -283,10 +284,9 @@ def _as_stages(spec: Spec, sizes: dict[str, int], device: Device, limits: Limits
 
 def _checked_sizes(spec: Spec, sizes: dict) -> dict[str, int]:
     """Sizes to price plans at, each a dim of the spec with a positive int."""
+    if problem := unknown_dims(spec, sizes):
+        raise SpecError(problem)
     for name, value in sizes.items():
-        if name not in spec.dims_:
-            raise SpecError(f"spec {spec.name}: sizes names {name!r}, which is not one of its dims "
-                            f"({', '.join(spec.dims_) or 'none'})")
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise SpecError(f"spec {spec.name}: size {name} must be a positive int, got {value!r}")
     return sizes

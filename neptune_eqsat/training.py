@@ -275,9 +275,7 @@ def backward_for_device(spec: Spec, wrt: tuple[str, ...] | None, device: torch.d
 
 
 def only_output(spec: Spec, output: int) -> Spec:
-    """The spec computing its output number `output` (0 the first, then the further ones in order) alone."""
-    if output == 0:
-        return replace(spec, also=())
+    """The spec computing its further output number `output` (1, 2, ... in spec.also's order) alone."""
     o = spec.also[output - 1]
     return replace(spec, name=f"{spec.name}_{o.name}", output_name=o.name, output_dtype=o.dtype,
                    output_term=o.term, output_axes=o.axes, also=())
@@ -306,19 +304,12 @@ class Differentiable:
 
     def backward_for(self, wrt: tuple[str, ...], device: torch.device, output: int = 0) -> CompiledBackward:
         """The backward of output `output` (0: the first; the others' are derived as specs of that output alone)."""
-        spec = self.spec if output == 0 else self._output_spec(output)
+        spec = self.spec if output == 0 else only_output(self.spec, output)
         if self.deterministic is None:
             return device_backward(self._backwards, spec, wrt, device, output)
         key = (wrt, None, output)
         if key not in self._backwards:
             self._backwards[key] = CompiledBackward(spec, wrt, accumulate=not self.deterministic)
-        return self._backwards[key]
-
-    def _output_spec(self, output: int) -> Spec:
-        """The spec of its further output `output` (1, 2, ...) alone, kept."""
-        key = ("output", output)
-        if key not in self._backwards:
-            self._backwards[key] = only_output(self.spec, output)
         return self._backwards[key]
 
     @torch.compiler.disable   # a torch.compile'd caller runs it as it is (dynamo cannot trace the launches)

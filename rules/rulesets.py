@@ -1,6 +1,5 @@
 """The families' egglog rulesets, of the proved rules of each family module, and the list of every rule."""
-from neptune_eqsat.proof.rulebook import make_ruleset
-from neptune_eqsat.proof.rulebook import RuleDeclarationError
+from neptune_eqsat.proof.rulebook import RuleDeclarationError, make_ruleset
 
 from .algebra import RULES as ALGEBRA, algebra
 from .reduction import RULES as REDUCTION, reduction
@@ -30,8 +29,8 @@ def _names_once(rules) -> None:
     seen: dict[str, str] = {}
     for r in rules:
         if r.name in seen:
-            raise RuleDeclarationError(f"rule {r.name!r} is declared twice (families {seen[r.name]} and {r.family}): "
-                             "give the new rule a name of its own, or remove the old one")
+            raise RuleDeclarationError(f"rule {r.name!r} is declared twice (families {seen[r.name]} and "
+                                       f"{r.family}): give the new rule a name of its own, or remove the old one")
         seen[r.name] = r.family
 
 

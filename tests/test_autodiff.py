@@ -281,23 +281,13 @@ def test_a_row_value_inside_a_sum_gets_the_sums_extent_in_its_gradient(name):
     assert set(check_gradients(spec, {"R": 3, "N": 11})) == {"x", "t"}
 
 
-def _softmax_and_lse() -> Spec:
-    spec = Spec("softmax_and_lse")
-    R, N = spec.dims(R=64, N=4096)
-    r, j = spec.axes(r=R, j=N)
-    x = spec.input("x", "f32", R, N)
-    m = max_(j, x[r, j])
-    p = exp(x[r, j] - m)
-    spec.output("y", "f32", p / sum(j, p), r, j)
-    spec.output("lse", "f32", m + log(sum(j, p)), r)
-    return spec
-
-
 @pytest.mark.parametrize("outputs", [None, (0,), (1,)], ids=["both", "first", "second"])
-def test_every_output_of_a_spec_carries_its_gradient(outputs):
+def test_every_output_of_a_spec_carries_its_gradient(tmp_path, outputs):
     """A spec with several outputs is a function returning them all; the loss may read any of them (the
     training forward's saved values come after the outputs, not in their place)."""
-    check_gradients(_softmax_and_lse(), {"R": 3, "N": 21}, outputs=outputs)
+    spec_file = tmp_path / "softmax_and_lse.py"
+    spec_file.write_text(SOFTMAX_AND_LSE)
+    check_gradients(load_spec(str(spec_file)), {"R": 3, "N": 21}, outputs=outputs)
 
 
 def test_optimize_backward_of_several_outputs_gives_them_before_the_saved_values(tmp_path):
@@ -546,7 +536,8 @@ def test_gradients_of_a_loss_that_ignores_some_labels(tmp_path, name):
     import torch.nn.functional as F
     path = tmp_path / f"{name}.py"
     path.write_text("from neptune_eqsat.spec import *\nspec = Spec('" + name + "')\nR, V = spec.dims(R=64, V=512)\n"
-                    "r, j, d = spec.axes(r=R, j=V, d=8)\ntarget = spec.input('target', f32, R)\n" + IGNORED_LABELS[name])
+                    "r, j, d = spec.axes(r=R, j=V, d=8)\ntarget = spec.input('target', f32, R)\n"
+                    + IGNORED_LABELS[name])
     g = torch.Generator().manual_seed(0)
     target = torch.tensor([3.0, -100.0, 10.0, -100.0])
     if name == "cross_entropy":

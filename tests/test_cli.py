@@ -223,7 +223,7 @@ def test_the_api_checks_sizes_and_takes_a_device_by_name():
     from neptune_eqsat.compiler import optimize
     from neptune_eqsat.spec import SpecError
     spec = str(SPECS / "softmax.py")
-    for sizes, message in (({"Q": 3}, "sizes names 'Q', which is not one of its dims"),
+    for sizes, message in (({"Q": 3}, "unknown dim Q; spec softmax has dims R, N"),
                            ({"R": 0}, "size R must be a positive int, got 0"),
                            ({"R": "7"}, "size R must be a positive int, got '7'")):
         with pytest.raises(SpecError, match=message):

@@ -59,7 +59,8 @@ CHAINS = {   # e: the row's values (reads x), g: a second elementwise value
     # a row's value inside a sum over the row (its gradient sums over the columns it is broadcast along)
     "smoothed_nll": "m = max(j, e)\nlse = m + log(sum(j, exp(e - m)))\n"
                     "spec.output('y', OUT, sum(j, (lse - e) * g) / N, r)",
-    "spread": "lo = min(j, e)\nspec.output('y', OUT, sum(j, e - lo + g) / N, r)",   # (a mean: an f16 output stays small)
+    # (a mean: an f16 output of it stays small)
+    "spread": "lo = min(j, e)\nspec.output('y', OUT, sum(j, e - lo + g) / N, r)",
 }
 
 

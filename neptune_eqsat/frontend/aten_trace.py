@@ -148,9 +148,13 @@ def _fill(value):
     return lambda *args, **kwargs: S._wrap(float(value) if not isinstance(value, bool) else value)
 
 
+def _literal(value):
+    """A constant as the trace holds it: a truth value as a Python bool (_evaluated), a number as a spec value."""
+    return value if isinstance(value, bool) else S._wrap(value)
+
+
 def _full(*args, **kwargs):
-    value = kwargs.get("fill_value", args[1] if len(args) > 1 else args[0])
-    return value if isinstance(value, bool) else S._wrap(value)   # a truth value stays a bool (_evaluated)
+    return _literal(kwargs.get("fill_value", args[1] if len(args) > 1 else args[0]))
 
 
 def _same(x, *args, **kwargs):
@@ -200,7 +204,7 @@ ATEN = {
     "floor": ("node", _integral("floor")), "ceil": ("node", _integral("ceil")),
     "round": ("node", _integral("round")), "trunc": ("node", _integral("trunc")),
     "_to_copy": ("node", _to), "to": ("node", _to), "type_as": ("node", _to),
-    "scalar_tensor": lambda v, **kwargs: v if isinstance(v, bool) else S._wrap(v), "full": _full, "new_full": _full, "full_like": _full,
+    "scalar_tensor": lambda v, **kwargs: _literal(v), "full": _full, "new_full": _full, "full_like": _full,
     "new_ones": _fill(1), "ones_like": _fill(1), "new_zeros": _fill(0), "zeros_like": _fill(0),
     "lift_fresh_copy": _same, "clone": _same, "alias": _same, "detach": _same, "view": _same, "reshape": _same,
     "_unsafe_view": _same, "expand": _same, "squeeze": _same, "unsqueeze": _same, "permute": _same,

@@ -59,6 +59,14 @@ def size_of_no_input(spec) -> tuple[str, str | None] | None:
     return None
 
 
+def unknown_dims(spec, names) -> str | None:
+    """What is wrong where sizes are given for `names` that are not all dims of the spec, else None."""
+    unknown = [n for n in names if n not in spec.dims_]
+    if not unknown:
+        return None
+    return f"unknown dim {', '.join(unknown)}; spec {spec.name} has dims {', '.join(spec.dims_) or '(none)'}"
+
+
 def misnamed(spec) -> str | None:
     """What is wrong with a name the spec chose (the spec's, a dim's, an axis's, an input's, an output's), else
     None: each becomes a name in the generated module (a parameter, a kernel's name), so it must be a Python

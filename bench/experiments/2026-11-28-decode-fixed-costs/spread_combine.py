@@ -11,8 +11,8 @@ are never reset (int64), a call's generation being ticket // chunks.
     python bench/experiments/2026-11-28-decode-fixed-costs/spread_combine.py write GENERATED_DIR OUT_DIR [OPS]
     python bench/experiments/2026-11-28-decode-fixed-costs/spread_combine.py time GENERATED_DIR OUT_DIR [OPS]
 
-`write` (standard library only) writes OUT_DIR/{op}_spread{2,4,8}.py from each decode module (and {op}_no_replay.py, the module
-launching from Python like them); `time` (on the GPU)
+`write` (standard library only) writes OUT_DIR/{op}_spread{2,4,8}.py from each decode module (and
+{op}_no_replay.py, the module launching from Python like them); `time` (on the GPU)
 checks each against float64 (KV 4k and 32k; three calls, the tickets running on) and times
 them, replayed from CUDA graphs, with the modules as generated and a copy of
 the same bytes, in turns (bench.suite.attention.cuda_timer).
@@ -43,9 +43,8 @@ def spread(src: str, op: str, split: int) -> str:
     tile = once("    offs_e = tl.arange(0, 128)\n", "    offs_e = e_lo + tl.arange(0, E_BLOCK)\n", tile)
     tile, n = re.subn(r"tl\.full\(\[(BLOCK_I\w*), 128\]", r"tl.full([\1, E_BLOCK]", tile)
     assert n == 1, n
-    rest = once("SKV, BLOCK_I_H, BLOCK_J_CHUNK, ONE_LOOP)" if "BLOCK_I_H" in tile else "SKV, BLOCK_I, BLOCK_J_CHUNK, ONE_LOOP)",
-                ("SKV, BLOCK_I_H, BLOCK_J_CHUNK, ONE_LOOP, 0, 128)" if "BLOCK_I_H" in tile
-                 else "SKV, BLOCK_I, BLOCK_J_CHUNK, ONE_LOOP, 0, 128)"), rest)
+    rows = "BLOCK_I_H" if "BLOCK_I_H" in tile else "BLOCK_I"   # the combine kernel's call of the tile
+    rest = once(f"SKV, {rows}, BLOCK_J_CHUNK, ONE_LOOP)", f"SKV, {rows}, BLOCK_J_CHUNK, ONE_LOOP, 0, 128)", rest)
     rest = once("        if tl.atomic_add(ticket, 1) == tl.num_programs(2) - 1:\n            tl.store(ticket, 0)\n",
                 "        arrivals = tl.num_programs(2)\n"
                 "        t = tl.atomic_add(ticket, 1)\n"
