@@ -63,8 +63,12 @@ def _block_lines(w: GluonWriter, blk: str, masked: bool) -> list[str]:
         "if O_BUF:   # the stage holds B alone: the producer may copy the next B here",
         "    mbarrier.arrive(kv_empty.index(stage), count=1)",
         f"offs_{loop} = start + gl.arange(0, BLOCK_J, layout=S_COLS)"]
-    if masked:
+    if masked and not w.masked_wheres:   # no mask: a block is tested only where it passes the loop axis's end
         lines.append(f"valid_{loop} = offs_{loop} < {w.ext(loop)}")
+    elif masked:   # EVEN: the loop axis's length is a multiple of the block, so no lane lies past its end and the
+        # bound's tests fold away (a causal tile's diagonal block then tests the mask alone)
+        lines += ["if EVEN:", f"    valid_{loop} = gl.full([BLOCK_J], 1, gl.int1, S_COLS)", "else:",
+                  f"    valid_{loop} = offs_{loop} < {w.ext(loop)}"]
     lines += w.blocks[blk]
     lines += ["acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))",
               "mbarrier.arrive(v_free.index(prev_stage), count=1, pred=it > first)"]
@@ -221,7 +225,8 @@ def render_warp_specialized(m: WarpSpecialized) -> tuple[str, GluonWriter]:
               + (["GROUP", "tile_plan_ptr"] if ordered else []))
     shared = ["a_smem", "b_smem", "v_smem", "o_smem", "a_bar", "a_free", "kv_ready", "kv_empty", "v_ready", "v_empty",
               "turns"]
-    consts = ["BLOCK_I", "BLOCK_J", "STAGES", "O_BUF"] + (["ORDER"] if ordered else [])
+    consts = ["BLOCK_I", "BLOCK_J", "STAGES", "O_BUF"] + (["EVEN"] if w.masked_wheres else []) + (
+        ["ORDER"] if ordered else [])
     dt = GLUON_DTYPE[w.dtype]
     dims_of = (lambda blocks: "[" + ", ".join(blocks) + "]")
     out_block = ["1"] * (len(out_coords) - 2) + [str(ROWS), w.ext(col)]

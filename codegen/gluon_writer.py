@@ -10,6 +10,7 @@ from neptune_eqsat.ir import Term
 from neptune_eqsat.plan.schedule import Schedule
 
 from .kernel import KernelWriter
+from .predicated import predicated_where
 from .values import IDENTITY_CODE, Val
 
 ROWS = 64                  # rows per consumer warpgroup: one m64 warpgroup product per block
@@ -67,6 +68,10 @@ class GluonWriter(KernelWriter):
             raise NotEligible(f"the per-element work reads axis {t.attrs[0]}, which only the matrix products hold")
         if t.op in ops.OPS and ops.OPS[t.op][t.attrs[0]].gluon == ops.NO_GLUON:
             raise NotEligible(f"{t.attrs[0]} has no Gluon lowering here")
+        if t.op == "where" and not (t in self.masked_wheres and not self.ctx.masked):
+            selected = predicated_where(self, t, prev, blk)
+            if selected is not None:
+                return selected
         return super()._emit(t, prev, blk)
 
     def expand(self, v: Val, axes: tuple[str, ...]) -> str:

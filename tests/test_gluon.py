@@ -68,7 +68,7 @@ for path in sys.argv[2:]:
     spec.loader.exec_module(mod)
     cfg = mod.CONFIG
     values = {"BLOCK_I": 128, "BLOCK_J": cfg["WS_BLOCK_J"], "STAGES": 2 if out_buf else cfg["WS_STAGES"],
-              "ORDER": 4 if out_buf else 2, "O_BUF": out_buf}   # (the planned grouped order compiles too)
+              "ORDER": 4 if out_buf else 2, "O_BUF": out_buf, "EVEN": out_buf}   # (the planned grouped order compiles too)
 
     def descriptor(name):
         if "_desc" not in name:

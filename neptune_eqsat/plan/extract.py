@@ -27,6 +27,7 @@ from neptune_eqsat.plan.layout import pack_group_rows
 from neptune_eqsat.plan.plan import Plan
 from neptune_eqsat.plan.saturate import Saturation
 from neptune_eqsat.plan.schedule import TILE_LIMIT, Schedule, schedule
+from neptune_eqsat.plan.sharing import share
 from neptune_eqsat.plan.snapshot import ENode, Snapshot, best_nodes, snapshot, to_term, written
 from neptune_eqsat.plan.validate import Validation
 from neptune_eqsat.frontend.spec import Spec, SpecError
@@ -199,10 +200,11 @@ def candidates(sat: Saturation, spec: Spec, sizes: dict[str, int], device,
     validation = Validation(spec)
     # several outputs: one kernel writes them all, not split into chunks (a combine step writes one output)
     for family in ("rolled", "unfused") + (() if spec.also else ("split",)):
-        best, costs = best_nodes(snap, node_cost(family, long_axes, known), as_written)
+        family_cost = node_cost(family, long_axes, known)
+        best, costs = best_nodes(snap, family_cost, as_written)
         if snap.root not in costs or costs[snap.root][0][0]:   # only banned forms exist
             continue
-        term = to_term(snap, best, sat.mirror)
+        term = to_term(snap, share(snap, best, costs, family_cost), sat.mirror)
         if term in seen:
             continue
         seen.add(term)
