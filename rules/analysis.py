@@ -4,7 +4,8 @@ They add no e-nodes; they are run to a fixpoint before every rewriting step.
 """
 from egglog import String, eq, f64, i64, rule, ruleset, set_, var
 
-from neptune_eqsat.ir.eterm import AxisSet, ETerm, deps, extent, free, nonpositive, running_max, whole_count
+from neptune_eqsat.ir.eterm import (AxisSet, ETerm, deps, extent, free, nonpositive, running_max, running_min,
+                                    whole_count)
 
 analysis = ruleset(name="analysis")
 RULES: list = []  # no rewrites: nothing to prove
@@ -39,6 +40,11 @@ for top in (ETerm.bin("sub", a, M),
             ETerm.bin("sub", a, ETerm.where(ETerm.bin("eq", M, ETerm.const(float("-inf"))), ETerm.const(0.0), M)),
             ETerm.bin("sub", ETerm.prev(j, M), M)):
     analysis.append(rule(e == top).then(set_(nonpositive(e)).to(1)))
+MIN = ETerm.red("min", j, a)   # and a soft-min's min_j x - x, guarded or not, and its repair
+for top in (ETerm.bin("sub", MIN, a),
+            ETerm.bin("sub", ETerm.where(ETerm.bin("eq", MIN, ETerm.const(float("inf"))), ETerm.const(0.0), MIN), a),
+            ETerm.bin("sub", MIN, ETerm.prev(j, MIN))):
+    analysis.append(rule(e == top).then(set_(nonpositive(e)).to(1)))
 analysis.append(rule(e == ETerm.const(v), v <= 0.0).then(set_(nonpositive(e)).to(1)))
 analysis.append(rule(e == ETerm.where(c, a, b), eq(nonpositive(a)).to(i64(1)), eq(nonpositive(b)).to(i64(1)))
                 .then(set_(nonpositive(e)).to(1)))
@@ -57,3 +63,9 @@ for top in (ETerm.red("max", j, a), ETerm.roll("max", j, a, b), ETerm.split("max
 analysis.append(rule(e == ETerm.bin("mul", a, ETerm.const(v)), eq(running_max(a)).to(i64(1)), v > 0.0)
                 .then(set_(running_max(e)).to(1)))
 analysis.append(rule(e == ETerm.prev(j, a), eq(running_max(a)).to(i64(1))).then(set_(running_max(e)).to(1)))
+# and minima, +inf while every element seen is +inf (a soft-min's min_j x - x)
+for top in (ETerm.red("min", j, a), ETerm.roll("min", j, a, b), ETerm.split("min", j, n, a, b)):
+    analysis.append(rule(e == top).then(set_(running_min(e)).to(1)))
+analysis.append(rule(e == ETerm.bin("mul", a, ETerm.const(v)), eq(running_min(a)).to(i64(1)), v > 0.0)
+                .then(set_(running_min(e)).to(1)))
+analysis.append(rule(e == ETerm.prev(j, a), eq(running_min(a)).to(i64(1))).then(set_(running_min(e)).to(1)))

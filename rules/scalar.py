@@ -87,6 +87,17 @@ def _partial_max_guard_obligation() -> tuple[str, bool]:
             "side is undefined and the right -inf"), bool(finite and empty)
 
 
+def _partial_min_guard_obligation() -> tuple[str, bool]:
+    """min_j x - x = where(min_j x == inf, 0, min_j x) - x: equal for a finite min; where the min is +inf every
+    x is +inf, and the written form is undefined (inf - inf) while the guarded one is -inf (exp of it 0)."""
+    s = _symbols()
+    guarded = lambda v: sp.Piecewise((0, sp.Eq(v, sp.oo)), (v, True))   # noqa: E731
+    finite = proves(s.b - s.a, guarded(s.b) - s.a)
+    empty = (sp.oo - sp.oo) is sp.nan and sp.simplify(guarded(sp.oo) - sp.oo) == -sp.oo
+    return ("m - x = where(m == inf, 0, m) - x for m = min_j x finite; at m = inf (every x inf) the left side is "
+            "undefined and the right -inf"), bool(finite and empty)
+
+
 def _tanh_as_logistic2(o, a):
     """tanh(a) = 1 - 2 / (1 + e^(2a)), with e^(2a) = 2^(a * 2 log2 e)."""
     return o.bin("sub", o.const(1.0), o.bin("mul", o.un("logistic2", o.bin("mul", a, o.const(2.0 * LOG2E))),
@@ -156,6 +167,13 @@ RULES = [
          _rw("guard-partial-max", ETerm.bin("sub", x, ETerm.red("max", ax, x)),
              ETerm.bin("sub", x, guard(ETerm.red("max", ax, x)))),
          _partial_max_guard_obligation),
+    Rule("guard-partial-min", F, "min_j x - x = where(min_j x == inf, 0, min_j x) - x: a rolled block or a split "
+         "chunk whose elements are all +inf (a soft-min's mask) has a partial min of +inf, and exp(min - x) there "
+         "must be 0, not NaN",
+         _rw("guard-partial-min", ETerm.bin("sub", ETerm.red("min", ax, x), x),
+             ETerm.bin("sub", ETerm.where(ETerm.bin("eq", ETerm.red("min", ax, x), C(float("inf"))), C(0.0),
+                                          ETerm.red("min", ax, x)), x)),
+         _partial_min_guard_obligation),
     Rule("max-push-positive-constant", F, "max_j(x) * k = max_j(x * k) for a constant k > 0",
          _rw("max-push-positive-constant", ETerm.bin("mul", ETerm.red("max", ax, x), C(k)),
              ETerm.red("max", ax, ETerm.bin("mul", x, C(k))), k > f64(0.0)),

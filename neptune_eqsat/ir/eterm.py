@@ -74,6 +74,12 @@ def running_max(e: ETerm) -> i64:
 
 
 @function(merge=lambda old, new: old.max(new))
+def running_min(e: ETerm) -> i64:
+    """1 for a minimum over an axis (or a positive multiple of one): +inf until an element below +inf is seen,
+    so min - x is NaN in a block or chunk whose elements are all +inf; read by the cost model."""
+
+
+@function(merge=lambda old, new: old.max(new))
 def whole_count(e: ETerm) -> i64:
     """1 for a dim some axis runs over: dividing a running sum over that axis by it gives the whole row's
     mean only once the row is done; read by the cost model."""

@@ -109,7 +109,9 @@ class Analyses:
                 if n.op == "bin":
                     fixed = int(fn == "div" and snap.flag("whole_count", n.kids[1])) + \
                         int(fn == "sub" and snap.flag("running_max", n.kids[1])
-                            and not snap.flag("running_max", n.kids[0]))
+                            and not snap.flag("running_max", n.kids[0])) + \
+                        int(fn == "sub" and snap.flag("running_min", n.kids[0])   # min - x: +inf - +inf
+                            and not snap.flag("running_min", n.kids[1]))
             elif ax is not None:
                 own *= weight({ax})
                 waits_on_ax = ax in snap.axes("deps", n.kids[0])   # the body (a split's and a roll's first)

@@ -246,7 +246,11 @@ def schedule(spec: Spec, term: Term) -> Schedule:
     in_tile = {t.attrs[1] for t in reds if t.attrs[1] != loop and not (accumulated and t.attrs[1] in row_axes)}
     inner = tuple(sorted(in_tile | _further_axes(spec, loop, accumulated)))
     col = None
-    if len(out_axes) > 1 and out_axes[-1] != loop and not is_large(spec.extent(out_axes[-1])):
+    whole = [a for a in out_axes if a in shadowed and a != loop]   # reduced over in a tile: held whole, as columns
+    if len(out_axes) > 1 and whole:
+        col = whole[-1]
+        out_axes.remove(col)
+    elif len(out_axes) > 1 and out_axes[-1] != loop and not is_large(spec.extent(out_axes[-1])):
         col = out_axes.pop()
     rest = [a for a in out_axes if a != loop]
     row = None
@@ -257,6 +261,11 @@ def schedule(spec: Spec, term: Term) -> Schedule:
     if row is None and rest:
         row = rest[-1]
     grid = tuple(a for a in rest if a != row)
+    divided = sorted(shadowed & ({row} | set(grid)))
+    if divided:   # a reduction over an output axis needs the whole axis in one tile: the columns, not rows or grid
+        raise SpecError(f"spec {spec.name}: the output runs along {', '.join(divided)} and reduces over "
+                        f"{'them' if len(divided) > 1 else 'it'}, but one kernel holds one such axis whole in a tile "
+                        f"({col}); its programs divide {', '.join(divided)} among themselves")
     sched = Schedule(spec, term, loop, row, col, grid, inner, writes_loop=loop in spec.output_axes, chunked=chunked,
                      accumulated=accumulated)
     _check_further_outputs(sched)

@@ -23,7 +23,7 @@ from neptune_eqsat.ir.eterm import Mirror, load_key
 LITERALS = {"axis": 1, "dim": 1, "const": 1, "load": 2, "un": 1, "bin": 1, "where": 0, "cast": 1, "red": 2,
             "roll": 2, "split": 3, "acc": 0, "prev": 1, "pack": 0}
 SET_ANALYSES = ("free", "deps")                          # e-class -> a set of axis names
-FLAG_ANALYSES = ("nonpositive", "running_max", "whole_count")   # e-class -> present or not
+FLAG_ANALYSES = ("nonpositive", "running_max", "running_min", "whole_count")   # e-class -> present or not
 
 
 @dataclass(frozen=True)
