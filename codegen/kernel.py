@@ -170,6 +170,8 @@ class KernelWriter(Loads, TileReductions):
                 return Val("float('nan')", (), "f32")
             if math.isinf(v):
                 return Val(f"float('{'-' if v < 0 else ''}inf')", (), "f32")
+            if v == int(v) and 2**31 <= abs(v) < 2**63:   # an integer past int32 (i + 2**40): in int64, as torch
+                return Val(f"{self.lang}.full([], {int(v)}, {self.lang}.int64)", (), "int")
             return Val(str(int(v)), (), "int") if v == int(v) and abs(v) < 2**31 else Val(repr(v), (), "f32")
         if op == "load":
             return self.load(t, self.canon(t.free), blk)
@@ -204,6 +206,8 @@ class KernelWriter(Loads, TileReductions):
                 x = self.as_float(self.int_as_float(x))
             elif x.dtype not in ("int", "bool"):   # -x, abs(x) of a 16-bit load: in fp32, as it is labelled
                 x = self.as_float(x)
+            elif x.dtype == "bool" and at[0] != "not":   # -(i > j): a truth value's number, 1 or 0
+                x = Val(f"{x.code}.to({self.lang}.int32)", x.axes, "int")
             dt = "bool" if at[0] == "not" else ("int" if x.dtype == "int" and integral else "f32")
             return Val(self.put(blk, OP_CODE[self.lang]["un"][at[0]].format(x.code)), x.axes, dt)
         if op == "bin":
@@ -248,6 +252,10 @@ class KernelWriter(Loads, TileReductions):
             # (a > 0) + (b > 0) is 2 where both hold (1-bit tiles would add to 1)
             xs = [Val(f"({x.code}).to({self.lang}.int32)", x.axes, "int") if x.dtype == "bool" else x for x in xs]
         ints = all(x.dtype in ("int", "bool") for x in xs)
+        if ints and fn == "mul" and any(x.code.lstrip("-").isdigit() and abs(int(x.code)) >= 2**15 for x in xs):
+            # a position times a large constant (a hash, i * 10**8 + j) overflows int32: in int64, as torch
+            xs = [x if x.code.lstrip("-").isdigit() else Val(f"({x.code}).to({self.lang}.int64)", x.axes, "int")
+                  for x in xs]
         if ints and fn == "div":   # a true division of integers (h / 8): in fp32, like torch
             xs, ints = [self.int_as_float(xs[0]), xs[1]], False
         if not ints and fn not in ir.LOGIC:

@@ -111,6 +111,9 @@ def key_bounds(pred: Term, row: str, loop: str, name, i_lo: str, i_hi: str, n: s
     interior_possible = True
     upper_grows = lower_grows = False
     for c in cons:
+        if any(abs(v) >= 2**30 for v in c.values()):   # (i - j < sys.maxsize): no bound int32 code can hold;
+            interior_possible = False                  # the mask's own test keeps the keys it keeps
+            continue
         # the row enters as the row index itself or as row // G (rows packed from several heads)
         row_keys = [k for k in c if k == ("axis", row) or (k and k[0] == "div" and k[1] == row)]
         if len(row_keys) > 1 or any(k and k[0] == "div" and k[1] == loop for k in c):

@@ -9,53 +9,27 @@ asked for: a machine whose cache another filled runs the forward with torch and 
 """
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import itertools
 import math
 import warnings
 import weakref
-from collections import OrderedDict
 from types import ModuleType
 
 import torch
 
-from neptune_eqsat.compiled import cache_dir, compiled_module, compiler_fingerprint, run_kernels
+from neptune_eqsat.compiled import cache_dir, compiled_module, run_kernels
 from neptune_eqsat.frontend import bounds
-from neptune_eqsat.frontend.flex_trace import CAPTURE_DTYPES, DTYPES, Problem, TraceError, index_text, problem_text, reads, trace
+from neptune_eqsat.frontend.flex_trace import CAPTURE_DTYPES, DTYPES, Problem, TraceError, index_text, trace
 from neptune_eqsat.frontend.spec import Spec
+from neptune_eqsat.flex_plans import BOUND_TO_PLANS, callables_of, captures_of, make_plan, plan_key
 
 DECODE_ROWS = 16   # query lengths up to this are priced as decode (split-K), longer ones as prefill
 
 
 # ---- compiled kernels, cached in memory and on disk -------------------------------------------------------------
-def plan_key(spec: Spec, problem: Problem) -> str:
-    """The cache key: the traced expressions, the inputs' dtypes and shapes (as dims), the problem (dtype, head
-    dims, GQA ratio, scale, decode or prefill), not the sequence lengths."""
-    text = f"{compiler_fingerprint()}|{problem_text(spec, problem)}"
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
-
-
-class _Captured:
-    """Each plan's captured tensors, an attribute named by the plan. Under torch.compile a plan is made while the
-    graph is traced (_plan runs then; its result is a constant of the graph): dynamo reads an object's attribute
-    as it is when read, where a module-level dict it reads as it was at the graph's first lookup in it, without
-    the plans made later in the same graph (a second mask, the logsumexp's plan: a KeyError)."""
-
-
-_CAPTURED = _Captured()
-
-
-def captures_of(plan: str) -> list[torch.Tensor]:
-    """The tensors the callables of `plan` capture (the kernels' further inputs)."""
-    return getattr(_CAPTURED, plan)
-
-
-_CALLABLES: dict[str, tuple] = {}   # plan -> (score_mod, mask_mod, scale, enable_gqa)
 _VARIANTS: dict[tuple, _Compiled] = {}   # (plan, problem, interpreted) -> module and its index checks
-_PLAN_IDS = itertools.count()
 _BY_SHAPE: dict[tuple, _Compiled] = {}
-_TRACED: OrderedDict = OrderedDict()   # (callables' ids, problem) -> (weak refs to the callables, plan)
+BOUND_TO_PLANS += [_VARIANTS, _BY_SHAPE]
+_plan = make_plan   # (the name tests and tools use)
 
 
 def run_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, captures: list[torch.Tensor],
@@ -137,7 +111,7 @@ def _module_for(plan: str, query, key, value) -> _Compiled:
 
 
 def _resolve(plan: str, query, key, value) -> _Compiled:
-    score_mod, mask_mod, scale, enable_gqa, lse = _CALLABLES[plan]
+    score_mod, mask_mod, scale, enable_gqa, lse = callables_of(plan)
     problem = _problem(query, key, value, scale, enable_gqa, lse)
     variant = (plan, problem, query.device.type == "cpu")
     compiled = _VARIANTS.get(variant)
@@ -205,7 +179,7 @@ def _(query, key, value, out, grad, captures, saved, plan, wrt):
 
 def _setup_backward(ctx, inputs, output) -> None:
     query, key, value, captures, plan = inputs
-    ctx.plan = plan
+    ctx.plan, ctx.callables = plan, callables_of(plan)[:2]   # (alive until the backward has run)
     ctx.wants = [t.requires_grad for t in (query, key, value)] + \
         [c.requires_grad and c.is_floating_point() for c in captures]
     out, saved = (output[0], output[1:]) if isinstance(output, (list, tuple)) else (output, [])
@@ -257,7 +231,7 @@ class _EagerTraining(torch.autograd.Function):
 def _(query, key, value, captures, plan):
     from neptune_eqsat.training import saved_terms
     from torch._subclasses.fake_tensor import unset_fake_temporarily
-    score_mod, mask_mod, scale, enable_gqa, lse = _CALLABLES[plan]
+    score_mod, mask_mod, scale, enable_gqa, lse = callables_of(plan)
     with unset_fake_temporarily():   # the callables read their real captured tensors while they are traced
         # under dynamic shapes a size is symbolic: the problem takes the traced example's (how many values the
         # forward saves does not hang on the sizes)
@@ -287,40 +261,6 @@ def _(query, key, value, captures, plan):
     return query.new_empty(*query.shape[:3], value.shape[-1])
 
 
-def _ref(fn):
-    try:
-        return weakref.ref(fn)
-    except TypeError:   # None, or a callable that takes no weak references: keep it alive
-        return lambda: fn
-
-
-# a stand-in problem for finding what the callables capture (the captures do not depend on the shapes)
-_PROBE = Problem("f16", 1, 1, 16, 16, 0.25)   # one head: a per-head table of any size is read inside it
-
-
-@torch._dynamo.assume_constant_result
-def _plan(score_mod, mask_mod, scale, enable_gqa, lse=False) -> str:
-    """The plan's name for these callables. Under torch.compile this runs while the model is traced and its
-    result is a constant, so it takes no shapes (they may be dynamic there); it traces the callables once to
-    find the tensors they capture."""
-    memo = (id(score_mod), id(mask_mod), scale, enable_gqa, lse, reads(score_mod), reads(mask_mod))
-    hit = _TRACED.get(memo)
-    if hit is not None and hit[0][0]() is score_mod and hit[0][1]() is mask_mod:
-        _TRACED.move_to_end(memo)
-        return hit[1]
-    probe = dataclasses.replace(_PROBE, lse=lse)
-    with torch.no_grad():   # tracing saves nothing for autograd (a checkpoint counts what a forward saves)
-        spec, captures = trace(score_mod, mask_mod, probe)
-    # one per callables (their own captures); ":lse" tells the operator's fake output from the attention's
-    name = f"{plan_key(spec, probe)}:{scale}:{enable_gqa}:{next(_PLAN_IDS)}" + (":lse" if lse else "")
-    setattr(_CAPTURED, name, captures)
-    _CALLABLES[name] = (score_mod, mask_mod, scale, enable_gqa, lse)
-    _TRACED[memo] = ((_ref(score_mod), _ref(mask_mod)), name)
-    if len(_TRACED) > 256:
-        _TRACED.popitem(last=False)
-    return name
-
-
 def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, score_mod=None, block_mask=None,
                    scale: float | None = None, enable_gqa: bool = False, return_lse: bool = False,
                    kernel_options: dict | None = None, *, mask_mod=None):
@@ -338,9 +278,9 @@ def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         _warn_once("kernel_options", f"flex_attention: kernel_options {sorted(kernel_options)} are FlexAttention's "
                    "tuning knobs and are ignored here (configs come from the module's CONFIG and tuning)")
     args = (None if scale is None else float(scale), bool(enable_gqa))
-    out = _run(query, key, value, _plan(score_mod, mask_mod, *args))
+    out = _run(query, key, value, make_plan(score_mod, mask_mod, *args))
     if return_lse:
-        return out, _run(query, key, value, _plan(score_mod, mask_mod, *args, True))
+        return out, _run(query, key, value, make_plan(score_mod, mask_mod, *args, True))
     return out
 
 

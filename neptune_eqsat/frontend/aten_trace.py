@@ -24,8 +24,10 @@ from neptune_eqsat import ir
 from neptune_eqsat.ir import ops
 from neptune_eqsat.frontend import spec as S
 from neptune_eqsat.frontend import aten_math as M
-from neptune_eqsat.frontend.aten_math import (_clamp, _div, _exp2, _fmod, _gelu, _max, _min, _pow, _scalar,
-                                              _sign, _softplus, _unary)
+from neptune_eqsat.frontend.aten_casts import (_compared, _dtype, _is_float, _logic, _logical, _not, _pow_node,
+                                               _to, _truth, _where)
+from neptune_eqsat.frontend.aten_math import (_clamp, _div, _exp2, _fmod, _gelu, _max, _min, _scalar, _sign,
+                                              _softplus, _unary)
 
 LN2 = math.log(2.0)
 
@@ -54,15 +56,6 @@ class View:
         return read(self.tensor, tuple(fixed))
 
 
-def _dtype(node) -> torch.dtype | None:
-    val = node.meta.get("val") if hasattr(node, "meta") else None
-    return getattr(val, "dtype", None)
-
-
-def _is_float(dtype) -> bool:
-    return dtype is not None and dtype.is_floating_point
-
-
 def _power_of_two(k) -> int | None:
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         return None
@@ -76,28 +69,6 @@ def _shift(a, k, left: bool):
     return _scalar(a) * (2 ** n) if left else _scalar(a) // (2 ** n)
 
 
-def _logic(name: str, a, b):
-    """a and / or / xor b, with a Python bool on either side folded away (3 > 2 is True before tracing)."""
-    for x, y in ((a, b), (b, a)):
-        if isinstance(x, bool):
-            if name == "and":
-                return y if x else False
-            if name == "or":
-                return True if x else y
-            return ~_scalar(y) if x else y
-    return {"and": lambda: _scalar(a) & b, "or": lambda: _scalar(a) | b, "xor": lambda: _scalar(a) != b}[name]()
-
-
-def _not(a):
-    return (not a) if isinstance(a, bool) else ~_scalar(a)
-
-
-def _where(c, a, b):
-    if isinstance(c, bool):
-        return a if c else b
-    return S.where(c, a, b)
-
-
 def _bitwise(name: str):
     """On booleans: logic. On integers: the bit operations (~x is -x - 1 in two's complement)."""
     def translate(node, a, b=None):
@@ -107,17 +78,6 @@ def _bitwise(name: str):
             return -_scalar(a) - 1
         return _scalar(a)._bin("bit" + name, b)
     return translate
-
-
-def _to(node, x, *args, **kwargs):
-    """A dtype conversion: float to integer truncates, which the spec cannot express; the rest keep the value."""
-    source = _dtype(node.args[0]) if node.args and hasattr(node.args[0], "meta") else None
-    target = _dtype(node)
-    if _is_float(source) and target is not None and not target.is_floating_point:
-        return _unary("trunc", x)   # toward zero, as torch converts
-    if _is_float(source) and target in (torch.float16, torch.bfloat16) and source.itemsize > target.itemsize:
-        return S.cast(x, "f16" if target == torch.float16 else "bf16")   # rounded, as torch rounds
-    return x
 
 
 def _integral(name: str):
@@ -161,12 +121,6 @@ def _same(x, *args, **kwargs):
     return x
 
 
-def _truth(x) -> S.Expr:
-    """An operand as a spec value: a constant truth value (torch.tensor(True) & mask) as the number 1 or 0, which
-    the logic reads as true where nonzero."""
-    return S._wrap(float(x) if isinstance(x, bool) else x)
-
-
 # ATen operation name -> translation. Entries taking `node` first read the dtypes traced with the values.
 ATEN = {
     "add": lambda a, b, alpha=1: _scalar(a) + (b if alpha == 1 else _scalar(b) * alpha),
@@ -185,17 +139,17 @@ ATEN = {
     "log1p": lambda a: S.log(1.0 + _scalar(a)), "expm1": lambda a: S.exp(a) - 1.0,
     "softplus": _softplus, "silu": lambda a: _scalar(a) / (1.0 + S.exp(-_scalar(a))), "gelu": _gelu,
     "masked_fill": lambda a, mask, value: _where(mask, value, a),
-    "pow": _pow, "fmod": _fmod, "relu": lambda a: _max(a, 0.0), "square": lambda a: _scalar(a) * a,
+    "pow": ("node", _pow_node), "fmod": _fmod, "relu": lambda a: _max(a, 0.0), "square": lambda a: _scalar(a) * a,
     "sign": _sign, "sgn": _sign,
     "clamp": _clamp, "clip": _clamp,
     "clamp_min": lambda a, lo: _clamp(a, lo=lo), "clamp_max": lambda a, hi: _clamp(a, hi=hi),
     "maximum": _max, "minimum": _min, "fmax": _max, "fmin": _min,
     "where": _where,
-    "eq": lambda a, b: _scalar(a) == b, "ne": lambda a, b: _scalar(a) != b,
+    "eq": _compared(lambda a, b: a == b), "ne": _compared(lambda a, b: a != b),
     "lt": lambda a, b: _scalar(a) < b, "le": lambda a, b: _scalar(a) <= b,
     "gt": lambda a, b: _scalar(a) > b, "ge": lambda a, b: _scalar(a) >= b,
-    "logical_and": lambda a, b: _logic("and", a, b), "logical_or": lambda a, b: _logic("or", a, b),
-    "logical_not": _not, "logical_xor": lambda a, b: _logic("xor", a, b),
+    "logical_and": ("node", _logical("and")), "logical_or": ("node", _logical("or")),
+    "logical_not": ("node", _logical("not")), "logical_xor": ("node", _logical("xor")),
     "bitwise_and": ("node", _bitwise("and")), "bitwise_or": ("node", _bitwise("or")),
     "bitwise_xor": ("node", _bitwise("xor")), "bitwise_not": ("node", _bitwise("not")),
     "__and__": ("node", _bitwise("and")), "__or__": ("node", _bitwise("or")), "__xor__": ("node", _bitwise("xor")),
@@ -204,7 +158,8 @@ ATEN = {
     "floor": ("node", _integral("floor")), "ceil": ("node", _integral("ceil")),
     "round": ("node", _integral("round")), "trunc": ("node", _integral("trunc")),
     "_to_copy": ("node", _to), "to": ("node", _to), "type_as": ("node", _to),
-    "scalar_tensor": lambda v, **kwargs: _literal(v), "full": _full, "new_full": _full, "full_like": _full,
+    "scalar_tensor": lambda v, **kwargs: _literal(v), "full": _full,
+    "new_full": lambda this, size, fill_value=None, **kwargs: _literal(fill_value), "full_like": _full,
     "new_ones": _fill(1), "ones_like": _fill(1), "new_zeros": _fill(0), "zeros_like": _fill(0),
     "lift_fresh_copy": _same, "clone": _same, "alias": _same, "detach": _same, "view": _same, "reshape": _same,
     "_unsafe_view": _same, "expand": _same, "squeeze": _same, "unsqueeze": _same, "permute": _same,

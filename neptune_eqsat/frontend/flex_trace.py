@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import math
+import types
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -188,8 +190,8 @@ def _reads_of(v, out: list, seen: set, names: frozenset, depth: int) -> None:
     if isinstance(v, _VALUES):
         out.append(repr(v))
         return
-    if isinstance(v, torch.Tensor):
-        out.append(("tensor", id(v)))
+    if isinstance(v, torch.Tensor):   # (bound as an input: read again at every call, unless replaced or retyped)
+        out.append(("tensor", id(v), v.dtype, v.device, v.dim()))
         return
     if depth > 6 or id(v) in seen or isinstance(v, _OPAQUE):
         return
@@ -217,9 +219,31 @@ def _reads_of(v, out: list, seen: set, names: frozenset, depth: int) -> None:
         methods = [m for m in (getattr(type(v), "__call__", None), getattr(type(v), "forward", None))
                    if m is not None and hasattr(m, "__code__")]
         names = frozenset(names).union(*(_code_names(m.__code__) for m in methods))
-        parts = [getattr(v, n) for n in sorted(names) if n in getattr(v, "__dict__", {})] + methods[:1]
+        parts = [x for x in (_attribute(v, n) for n in sorted(names)) if x is not _ABSENT] + methods[:1]
     for p in parts:
         _reads_of(p, out, seen, names, depth + 1)
+
+
+_ABSENT = object()
+
+
+def _attribute(v, name: str):
+    """The attribute `name` of object v where reading it runs no code of v's own beyond a property: its
+    instance dict, an nn.Module's parameters, buffers and submodules (kept outside that dict), a slot, or a
+    property; _ABSENT for methods and anything else."""
+    own = getattr(v, "__dict__", {})
+    if name in own:
+        return own[name]
+    for store in ("_parameters", "_buffers", "_modules"):
+        if isinstance(own.get(store), dict) and name in own[store]:
+            return own[store][name]
+    static = inspect.getattr_static(type(v), name, None)
+    if isinstance(static, (property, functools.cached_property, types.MemberDescriptorType)):
+        try:
+            return getattr(v, name)
+        except Exception:   # a property that fails here fails in the callable too, where it says why
+            return _ABSENT
+    return _ABSENT
 
 
 def _filled(cell) -> bool:
