@@ -212,6 +212,23 @@ def _unguarded_loads(root: Term) -> set[Term]:
     return out
 
 
+def _guarded_loads(root: Term) -> dict[Term, set[tuple]]:
+    """Loads under where's branches, each with the guards of the paths that reach it: a tuple of (condition,
+    branch) pairs, branch True where the load is read when the condition holds (ignore_index's where(t == -100,
+    0, x[r, t[r]]) reads x only where t != -100)."""
+    out: dict[Term, set[tuple]] = {}
+
+    def go(t: Term, guards: tuple, depth: int) -> None:
+        if depth > 64 or len(out) > 256:
+            return
+        if t.op == "load" and guards:
+            out.setdefault(t, set()).add(guards)
+        for k, a in enumerate(t.args):
+            go(a, guards + (((t.args[0], k == 1),) if t.op == "where" and k > 0 else ()), depth + 1)
+    go(root, (), 0)
+    return out
+
+
 def _size_code(spec, ext) -> str | None:
     """An extent as the launcher reads it from the inputs' shapes (before any size is bound)."""
     if isinstance(ext, int):
@@ -226,9 +243,11 @@ def data_guard_lines(spec) -> list[str]:
     """forward's first lines: IndexError where an index that reads an input's values leaves its dimension."""
     lines, seen = [], set()
     unguarded = _unguarded_loads(spec.root_term)
+    guarded = _guarded_loads(spec.root_term)
     for t in ir.walk(spec.root_term):   # children first: an index's own reads are checked before it is
-        if t.op != "load" or t.attrs[0] not in spec.inputs or t not in unguarded:
+        if t.op != "load" or t.attrs[0] not in spec.inputs or (t not in unguarded and t not in guarded):
             continue
+        paths = [()] if t in unguarded else sorted(guarded[t], key=repr)
         shape = spec.inputs[t.attrs[0]].shape
         for pos, idx in enumerate(t.args):
             reads = sorted({x.attrs[0] for x in ir.walk(idx) if x.op == "load"})
@@ -239,8 +258,17 @@ def data_guard_lines(spec) -> list[str]:
             seen.add((t.attrs[0], pos, idx))
             try:
                 code = index_code(idx, tuple(idx.free), spec)
+                # under guards: the positions where some path reads it (a path whose guard reads other axes is
+                # left unchecked, as a read it cannot place)
+                kept = [" & ".join(f"(({index_code(c, tuple(idx.free), spec)}) {'!=' if taken else '=='} 0)"
+                                   for c, taken in path) or "True" for path in paths
+                        if all(set(c.free) <= set(idx.free) for c, _ in path)]
             except SpecError:   # an operation the host form lacks: the kernel still holds it inside (loads.py)
                 continue
+            if not kept:
+                continue
+            if "True" not in kept:
+                code = f"(lambda c, m: c[m.expand_as(c)])({code}, {' | '.join(f'({k})' for k in kept)})"
             dims = [spec.dims_.get(d.attrs[0]) for d in ir.walk(idx) if d.op == "dim"]
             used = {spec.extent(a) for a in idx.free} | set(dims)
             sizes = {d.name: _size_code(spec, d) for d in used if d is not None and not isinstance(d, int)}

@@ -41,8 +41,8 @@ class TileReductions:
                 vb = Val(self.put(blk or self.ctx.body, f"{self.lang}.where(valid_{k}[:, None], {vb.code}, 0.0)"),
                          vb.axes, vb.dtype)
         va, vb = self.rounded_product(a, va, vb, blk), self.rounded_product(b, vb, va, blk)
-        if va.dtype != vb.dtype or va.dtype not in ("f16", "bf16"):
-            va, vb = self.as_float(va), self.as_float(vb)
+        if va.dtype != vb.dtype or va.dtype not in ("f16", "bf16"):   # (integer weights, int8 or int32: in fp32)
+            va, vb = (self.as_float(self.int_as_float(v)) for v in (va, vb))
             self.f32_dot = True
             return va, vb, x, y, ", input_precision=F32_DOT"
         if va.dtype == "bf16" and self.interpretable:

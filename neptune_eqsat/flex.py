@@ -160,7 +160,8 @@ def run_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ou
     grads = backward.grads(_named_inputs(query, key, value, captures), out, grad.contiguous(),
                            by_term)   # each kernel run by run_kernels
     # a capture the kernels read converted (float64 read as fp32) gets its gradient in its own dtype and place
-    return [g if g.dtype == t.dtype and g.device == t.device else g.to(device=t.device, dtype=t.dtype)
+    # (contiguous, as the operator's fake says, whatever the inputs' layout)
+    return [(g if g.dtype == t.dtype and g.device == t.device else g.to(device=t.device, dtype=t.dtype)).contiguous()
             for g, t in zip((grads[n] for n in names), _wrt_tensors(query, key, value, captures, wrt))]
 
 
@@ -174,7 +175,8 @@ def _wrt_tensors(query, key, value, captures, wrt: str) -> list[torch.Tensor]:
 
 @backward_op.register_fake
 def _(query, key, value, out, grad, captures, saved, plan, wrt):
-    return [torch.empty_like(t) for t in _wrt_tensors(query, key, value, captures, wrt)]
+    wrt_tensors = _wrt_tensors(query, key, value, captures, wrt)
+    return [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in wrt_tensors]
 
 
 def _setup_backward(ctx, inputs, output) -> None:
@@ -190,6 +192,9 @@ def _setup_backward(ctx, inputs, output) -> None:
 def _backward(ctx, grad, run=backward_op):
     """The gradients of a call's inputs, by `run` (the backward operator, or run_backward itself in eager mode):
     (query, key, value, [captures], None)."""
+    if torch.is_grad_enabled():   # create_graph: the gradient kernels are not differentiated again
+        raise RuntimeError("flex_attention's backward is not differentiable again (a second-order gradient, "
+                           "create_graph=True): its gradients are computed by kernels autograd does not trace")
     if isinstance(grad, (list, tuple)):   # the training operator's: only its output carries a gradient
         grad = grad[0]
     kept = ctx.saved_tensors   # once: activation checkpointing lets each saved tensor be unpacked once
@@ -263,13 +268,27 @@ def _(query, key, value, captures, plan):
 
 def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, score_mod=None, block_mask=None,
                    scale: float | None = None, enable_gqa: bool = False, return_lse: bool = False,
-                   kernel_options: dict | None = None, *, mask_mod=None):
+                   kernel_options: dict | None = None, *, mask_mod=None, return_aux=None):
     """torch.nn.attention.flex_attention's signature and semantics: softmax(score_mod(q k^T * scale)) v over the
     keys the mask keeps; a query that keeps no key gets 0. q [B, Hq, L, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv];
     Hq != Hkv needs enable_gqa. The mask comes from `block_mask` (create_block_mask's BlockMask: its mask_mod
     and sequence lengths are used, the block table is derived again) or from `mask_mod` directly. With
     return_lse, also the row logsumexp of the scores [B, Hq, L] (fp32, natural log, -inf for empty rows).
-    kernel_options are FlexAttention's tuning knobs: accepted and ignored."""
+    kernel_options are FlexAttention's tuning knobs: accepted and ignored. return_aux=AuxRequest(lse=True)
+    returns (out, AuxOutput(lse=...)), torch's newer form of return_lse; under autocast the inputs take its dtype."""
+    if query.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"flex_attention runs on CPU and CUDA tensors; query is on {query.device}")
+    if torch.is_autocast_enabled(query.device.type):   # as torch's flex_attention: in the autocast dtype
+        low = torch.get_autocast_dtype(query.device.type)
+        query, key, value = (x.to(low) if x.is_floating_point() else x for x in (query, key, value))
+    if return_aux is not None:
+        if getattr(return_aux, "max_scores", False):
+            raise NotImplementedError("flex_attention: return_aux max_scores is not computed here (lse is)")
+        if getattr(return_aux, "lse", False):
+            from torch.nn.attention.flex_attention import AuxOutput
+            out, lse = flex_attention(query, key, value, score_mod, block_mask, scale, enable_gqa, True,
+                                      kernel_options, mask_mod=mask_mod)
+            return out, AuxOutput(lse=lse)
     if block_mask is not None:
         if mask_mod is not None:
             raise ValueError("pass either block_mask or mask_mod, not both")
@@ -279,6 +298,10 @@ def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
                    "tuning knobs and are ignored here (configs come from the module's CONFIG and tuning)")
     args = (None if scale is None else float(scale), bool(enable_gqa))
     out = _run(query, key, value, make_plan(score_mod, mask_mod, *args))
+    if query.dim() == 4 and query.stride(1) < query.stride(2) and out.shape[2] > 1:
+        # query held as [B, L, H, D] (a model's projection, transposed): the output in that layout too, as
+        # torch's flex_attention gives it (out.transpose(1, 2).view(B, L, H * D) then works)
+        out = out.transpose(1, 2).contiguous().transpose(1, 2)
     if return_lse:
         return out, _run(query, key, value, make_plan(score_mod, mask_mod, *args, True))
     return out

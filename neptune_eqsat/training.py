@@ -187,6 +187,9 @@ class _SpecFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_outs):
+        if torch.is_grad_enabled():   # create_graph: the gradient kernels are not differentiated again
+            raise RuntimeError(f"spec {ctx.owner.spec.name}: its backward is not differentiable again (a "
+                               "second-order gradient, create_graph=True): its gradients are computed by kernels")
         n, k = len(ctx.names), ctx.outputs
         kept = ctx.saved_tensors   # once: activation checkpointing lets each saved tensor be unpacked once
         xs, outs, extras = kept[:n], kept[n:n + k], kept[n + k:]

@@ -606,3 +606,13 @@ def test_a_split_gradient_kernel_whose_combine_runs_over_a_size_no_input_carries
     spec.output("y", "f32", sum(j, e - min_(j, e) + w[j] * (j * 0.05)), r)
     assert set(check_gradients(spec, {"R": 1, "N": 19}, seed=19)) == {"x", "w"}
 
+
+
+def test_a_second_order_gradient_of_a_spec_is_refused():
+    """create_graph=True through a Differentiable spec's backward kernels is refused by name (before, the
+    gradient came back detached: a gradient penalty silently counted as a constant)."""
+    from conftest import SPECS
+    fn = Differentiable(load_spec(str(SPECS / "softmax.py")))
+    x = torch.randn(4, 33, generator=torch.Generator().manual_seed(5)).requires_grad_()
+    with pytest.raises(RuntimeError, match="not differentiable again"):
+        torch.autograd.grad(fn(x).square().sum(), x, create_graph=True)

@@ -381,3 +381,33 @@ def test_a_mask_reading_a_captured_tensor_at_a_constant_index_on_the_test_device
     out = flex_attention(*(x.to(DEVICE) for x in (q, k, v)), mask_mod=shifted)
     ref = reference(q, k, v, mask_mod=shifted)
     assert (out.cpu().double() - ref).abs().max().item() <= 2e-2
+
+
+def test_return_aux_autocast_and_devices_as_torch():
+    """torch 2.13's return_aux=AuxRequest(lse=True) gives (out, AuxOutput) with the logsumexp; under autocast
+    the inputs take its dtype (torch's flex_attention does); a device neither CPU nor CUDA is refused by name."""
+    from torch.nn.attention.flex_attention import AuxRequest, flex_attention as torch_flex
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 16, 16, generator=g) for _ in range(3))
+    out, aux = flex_attention(q, k, v, return_aux=AuxRequest(lse=True))
+    want_out, want = torch_flex(q.double(), k.double(), v.double(), return_aux=AuxRequest(lse=True))
+    assert (aux.lse.double() - want.lse).abs().max().item() < 1e-5
+    assert (out.double() - want_out).abs().max().item() < 1e-5
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert flex_attention(q, k, v).dtype == torch.bfloat16
+        assert flex_attention(q.bfloat16(), k, v).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="CPU and CUDA"):
+        flex_attention(q.to("meta"), k.to("meta"), v.to("meta"))
+
+
+def test_the_output_follows_a_query_held_as_batch_sequence_heads():
+    """q, k, v from a projection viewed [B, S, H, D] and transposed: the output comes back in that layout, as
+    torch's does, so out.transpose(1, 2).view(B, S, H * D) works."""
+    B, S, H, D = 1, 24, 2, 16
+    q, k, v = (torch.randn(B, S, H, D, generator=torch.Generator().manual_seed(s)).transpose(1, 2) for s in (1, 2, 3))
+    out = flex_attention(q, k, v)
+    assert out.stride() == (S * H * D, D, H * D, 1)
+    from torch.nn.attention.flex_attention import flex_attention as torch_flex
+    want = torch_flex(q.double(), k.double(), v.double())
+    got = out.transpose(1, 2).view(B, S, H * D).double()
+    assert (got - want.transpose(1, 2).reshape(B, S, H * D)).abs().max() < 1e-5

@@ -371,3 +371,31 @@ def test_a_first_call_under_checkpointing_with_a_capture_that_requires_grad():
             t.grad = None
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b)
+
+
+def test_gradients_under_torch_compile_with_inputs_in_model_layout():
+    """q, k, v held as [B, S, H, D] and transposed into the call (as model code does): the backward operator's
+    gradients are contiguous, as its fake says (before, the fake kept the inputs' strides and the compiled graph
+    failed its stride check)."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 19, 2, 16, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
+
+    def loss(q, k, v):
+        return flex_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask_mod=causal).square().sum()
+    loss(q, k, v).backward()
+    eager = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    torch.compile(loss, fullgraph=True)(q, k, v).backward()
+    for a, b in zip(eager, (q.grad, k.grad, v.grad)):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_a_second_order_gradient_is_refused_not_silently_wrong():
+    """create_graph=True through the backward kernels would give gradients autograd does not see (a gradient
+    penalty counted as a constant): refused by name."""
+    q, k, v = (torch.randn(1, 1, 8, 16).to(DEVICE) for _ in range(3))
+    q.requires_grad_()
+    out = flex_attention(q, k, v)
+    with pytest.raises(RuntimeError, match="not differentiable again"):
+        torch.autograd.grad(out.square().sum(), q, create_graph=True)

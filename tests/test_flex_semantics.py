@@ -71,7 +71,8 @@ def test_state_read_through_a_module_a_property_or_a_slot_is_read_at_every_call(
     m, w, sl = Slopes(), Window(), Slotted()
     sl.width = 8
     cases = [
-        (lambda s, b, h, qi, ki: s + m.slopes[h] * (ki - qi), None, lambda: setattr(m, "slopes", torch.tensor([2., 1.]))),
+        (lambda s, b, h, qi, ki: s + m.slopes[h] * (ki - qi), None,
+         lambda: setattr(m, "slopes", torch.tensor([2., 1.]))),
         (None, lambda b, h, qi, ki: (qi >= ki) & (qi - ki < w.width), lambda: setattr(w, "_w", 30)),
         (None, lambda b, h, qi, ki: (qi >= ki) & (qi - ki < sl.width), lambda: setattr(sl, "width", 30)),
         (lambda s, b, h, qi, ki: s + m.slopes[h] * (ki - qi), None, lambda: m.double()),
