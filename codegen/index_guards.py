@@ -281,8 +281,14 @@ def data_guard_lines(spec) -> list[str]:
             what = f"{t.attrs[0]}: dimension {pos} is read at index {ir.show(idx)}"
             inference = " or ".join(f"{r}.is_inference()" for r in reads)   # no version counter: never kept
             lines += [f"    _read = None if {inference} else ({key},)",
-                      f"    if _read is None or forward.__dict__.get({what!r}) != _read:",
-                      f"        _ix = (lambda t, sizes, dev: {code})({env}).reshape(-1)",   # names of its own
+                      f"    if _read is None or forward.__dict__.get({what!r}) != _read:"]
+            for r in (r for r in reads if spec.inputs[r].dtype in ir.FLOAT_DTYPES):   # labels kept as floats
+                whole = f"{what}: {r} holds values that are not whole numbers, or NaN (an index is a position)"
+                lines += [f"        if {r}.is_cuda:",
+                          f"            torch._assert_async(({r} == {r}.floor()).all(), {whole!r})",
+                          f"        elif ({r} != {r}.floor()).any():",
+                          f"            raise IndexError({whole!r})"]
+            lines += [f"        _ix = (lambda t, sizes, dev: {code})({env}).reshape(-1)",   # names of its own
                       "        if _ix.is_cuda:",   # checked on the GPU, as torch checks its gathers: no wait
                       f"            torch._assert_async(((_ix >= 0) & (_ix < {n})).all(), {what + ' leaves the tensor'!r})",
                       "        elif _ix.numel():",
@@ -290,11 +296,5 @@ def data_guard_lines(spec) -> list[str]:
                       f"            if _lo < 0 or _hi >= {n}:",
                       f"                raise IndexError({what!r} + f', which takes values {{_lo}} to {{_hi}}, outside the "
                       f"{{{n}}} it has')"]
-            for r in (r for r in reads if spec.inputs[r].dtype in ir.FLOAT_DTYPES):   # labels kept as floats
-                whole = f"{what}: {r} holds values that are not whole numbers (an index is a position)"
-                lines += [f"        if {r}.is_cuda:",
-                          f"            torch._assert_async(({r} == {r}.floor()).all(), {whole!r})",
-                          f"        elif ({r} != {r}.floor()).any():",
-                          f"            raise IndexError({whole!r})"]
             lines += [f"        forward.__dict__[{what!r}] = _read"]
     return lines

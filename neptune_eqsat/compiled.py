@@ -111,7 +111,8 @@ def run_kernels(device: torch.device, call):
     if device.type != "cpu":
         return call()
     _check_interpreter()
-    with triton_interpret(True):
+    from neptune_eqsat.runtime.launch import _interpreter_lock
+    with _interpreter_lock(), triton_interpret(True):   # (one thread at a time: the setting is process-wide)
         return call()
 
 

@@ -411,3 +411,26 @@ def test_the_output_follows_a_query_held_as_batch_sequence_heads():
     want = torch_flex(q.double(), k.double(), v.double())
     got = out.transpose(1, 2).view(B, S, H * D).double()
     assert (got - want.transpose(1, 2).reshape(B, S, H * D)).abs().max() < 1e-5
+
+
+def test_calls_from_several_threads_on_the_cpu():
+    """Triton's interpreter keeps the running kernel in globals: interpreted launches take one lock per process
+    (before, two threads crashed the process or raised from inside the interpreter)."""
+    import threading
+    inputs = [[torch.randn(1, 2, L, 16, generator=torch.Generator().manual_seed(L)) for _ in range(3)]
+              for L in (24, 40)]
+    want = [flex_attention(*x) for x in inputs]
+    errors = []
+
+    def work(t):
+        for _ in range(3):
+            try:
+                assert torch.equal(flex_attention(*inputs[t]), want[t])
+            except Exception as e:   # noqa: BLE001 (collected for the assertion below)
+                errors.append(repr(e))
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(2)]
+    for x in threads:
+        x.start()
+    for x in threads:
+        x.join()
+    assert not errors

@@ -31,3 +31,16 @@ def test_ignored_labels_pass_and_labels_out_of_range_are_refused():
         t = torch.tensor([bad, -100, 7])
         with pytest.raises(IndexError, match="target"):
             forward(x, t)
+
+
+def test_a_nan_label_is_named_as_such():
+    spec = Spec("cross_entropy_float_labels")
+    R, V = spec.dims(R=4096, V=32768)
+    r, j = spec.axes(r=R, j=V)
+    x = spec.input("x", f32, R, V)
+    target = spec.input("target", f32, R)
+    m = max(j, x[r, j])
+    spec.output("loss", f32, m + log(sum(j, exp(x[r, j] - m))) - x[r, target[r]], r)
+    forward = load_module(optimize(spec).source, spec.name).forward
+    with pytest.raises(IndexError, match="not whole numbers, or NaN"):
+        forward(torch.randn(3, 20), torch.tensor([1.0, float("nan"), 2.0]))

@@ -33,7 +33,7 @@ from neptune_eqsat.plan.derivatives import local_adjoints, over_broadcast, plus,
 from neptune_eqsat.ir import Term
 from neptune_eqsat.plan.schedule import is_large
 from neptune_eqsat.frontend.spec import Output, Spec, SpecError
-from neptune_eqsat.plan.stages import Stage, fresh_name, tensor_of
+from neptune_eqsat.plan.stages import Stage, fresh_name, stage_dtype, tensor_of
 from neptune_eqsat.plan.staging import Stager, sub_spec_in_products
 
 FLOATS = ("f16", "bf16", "f32", "f64")
@@ -132,7 +132,7 @@ class Backward:
         """The forward with the saved values as further outputs, in `saved`'s order: run by a training step's
         forward, it gives the backward what its stages would compute again."""
         return replace(self.forward, also=self.forward.also + tuple(
-            Output(name, "f32", t, next(s.axes for s in self.stages if s.name == name))
+            Output(name, stage_dtype(self.forward), t, next(s.axes for s in self.stages if s.name == name))
             for name, t in self.saved.items()))
 
     def explain(self) -> list[str]:

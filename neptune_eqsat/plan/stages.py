@@ -33,6 +33,11 @@ def fresh_name(spec: Spec, base: str, extra: dict | None = None) -> str:
     return name
 
 
+def stage_dtype(spec: Spec) -> str:
+    """The dtype a stage's values (a row statistic, a saved value) keep: fp32, or fp64 in a spec of fp64."""
+    return "f64" if "f64" in {t.dtype for t in spec.inputs.values()} | {spec.output_dtype} else "f32"
+
+
 def tensor_of(spec: Spec, axes: tuple[str, ...], dtype: str) -> tuple[str, tuple[Extent, ...]]:
     return dtype, tuple(spec.axes_[a] for a in axes)
 
@@ -74,7 +79,7 @@ def sub_spec(spec: Spec, name: str, term: Term, axes: tuple[str, ...], extra: di
         {e.name for t in sub.inputs.values() for e in t.shape if not isinstance(e, int)}
     sub.dims_ = {n: d for n, d in spec.dims_.items() if n in sized}
     sub.typical = {n: v for n, v in spec.typical.items() if n in sized}
-    sub.output_name, sub.output_dtype, sub.output_term, sub.output_axes = name, "f32", term, tuple(axes)
+    sub.output_name, sub.output_dtype, sub.output_term, sub.output_axes = name, stage_dtype(spec), term, tuple(axes)
     sub.doc = doc
     sub.validate()
     return sub
@@ -149,7 +154,7 @@ def staged(spec: Spec, max_rounds: int = 8, every: bool = False) -> tuple[list[S
             axes = tuple(a for a in spec.axes_ if a in r.free)
             name = fresh_name(spec, f"stage{len(stages)}", extra)
             stages.append(Stage(name, sub_spec(spec, name, r, axes, extra, f"a stage of {spec.name}"), axes))
-            extra[name] = tensor_of(spec, axes, "f32")
+            extra[name] = tensor_of(spec, axes, stage_dtype(spec))
             done[r] = ir.load(name, *(ir.axis(a) for a in axes))
         term = ir.substitute(term, done)
     raise SpecError(f"spec {spec.name}: still no one kernel runs it after {max_rounds} rounds of stages")

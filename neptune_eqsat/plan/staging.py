@@ -28,7 +28,7 @@ from neptune_eqsat import ir
 from neptune_eqsat.frontend.spec import Spec
 from neptune_eqsat.ir import Term
 from neptune_eqsat.plan.products import products
-from neptune_eqsat.plan.stages import Stage, fresh_name, sub_spec, tensor_of
+from neptune_eqsat.plan.stages import Stage, fresh_name, stage_dtype, sub_spec, tensor_of
 
 LOG2E = 1 / math.log(2)
 NONNEG_UNARY = ("exp", "exp2", "sqrt", "abs", "exp_or_zero", "exp2_or_zero")
@@ -68,7 +68,7 @@ class Stager:
             reads_grad = self.grad_name in reads or not reads <= set(self.saved) | set(self.spec.inputs)
             name = fresh_name(self.spec, f"{'stat' if reads_grad else 'saved'}{len(self.bw.stages)}", self.extra)
             self.bw.stages.append(Stage(name, sub_spec_in_products(self.spec, name, inner, axes, self.extra), axes))
-            self.extra[name] = tensor_of(self.spec, axes, "f32")
+            self.extra[name] = tensor_of(self.spec, axes, stage_dtype(self.spec))
             self.terms[name] = self.bw.stages[-1].spec.output_term   # (in matrix-product form)
             what = "a row statistic of the adjoint" if reads_grad else "a value of the forward, saved"
             if not reads_grad:   # as the forward has it: the stages it reads replaced by their values

@@ -231,9 +231,21 @@ def _gluon_ready(kernel, args, cfg, constexprs, config):
     return future.done()
 
 
+def _interpreter_lock():
+    """One lock per process for kernels run by Triton's interpreter, which keeps the running kernel's state in
+    globals: two threads interpreting at once corrupt each other (and the process). Kept on the interpreter's
+    module, so that every generated module and the package share it."""
+    import threading
+    from triton.runtime import interpreter
+    return interpreter.__dict__.setdefault("_one_at_a_time", threading.RLock())
+
+
 def _fitted(kernel, grid, args, cfg):
     """Launch (compiling where needed) with cfg; where the kernel needs more shared memory than the GPU has
     (each pipeline stage buffers its loads, and a tile gathered from a table is large), with fewer stages."""
+    if any(isinstance(a, torch.Tensor) and a.device.type == "cpu" for a in args):   # interpreted
+        with _interpreter_lock():
+            return kernel[grid](*args, **cfg)
     while True:
         try:
             return kernel[grid](*args, **cfg)
