@@ -97,8 +97,8 @@ def predicated_where(w, t: Term, prev: bool, blk: str) -> Val | None:
 
     final = lower(expr)
     picks = []
-    for v in (a, b):
-        imm = _immediate(v)
+    for v, term in zip((a, b), t.args[1:]):
+        imm = "0f" + struct.pack(">f", float(term.attrs[0])).hex().upper() if term.op == "const" else _immediate(v)
         if imm is None:
             args.append(w.expand(v, axes))
             imm = f"${len(args)}"

@@ -21,7 +21,7 @@ from types import ModuleType
 import torch
 import torch.distributed as dist
 
-from neptune_eqsat import flex
+from neptune_eqsat import flex, flex_plans
 from neptune_eqsat.compiled import compiled_module, run_kernels
 from neptune_eqsat.frontend.flex_trace import trace
 
@@ -98,7 +98,7 @@ def _split_plan(query, key, value, score_mod, mask_mod, scale, enable_gqa, lengt
     memo = (id(score_mod), id(mask_mod), key.device, length)
     hit = _SHIFTED.get(memo)
     if hit is None or hit[0][0]() is not score_mod or hit[0][1]() is not mask_mod:
-        hit = _SHIFTED[memo] = ((flex._ref(score_mod), flex._ref(mask_mod)),
+        hit = _SHIFTED[memo] = ((flex_plans._ref(score_mod), flex_plans._ref(mask_mod)),
                                 _Shifted(score_mod, mask_mod, key.device, length))
     shifted = hit[1]
     problem = flex._problem(query, key, value, None if scale is None else float(scale), bool(enable_gqa))

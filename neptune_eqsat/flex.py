@@ -53,6 +53,8 @@ def _as_kernel_input(c: torch.Tensor, device: torch.device) -> torch.Tensor:
     be reused."""
     if c.dtype in CAPTURE_DTYPES and c.device == device:
         return c
+    if c.is_inference():   # no version counter to tell a write: converted at every call
+        return (c if c.dtype in CAPTURE_DTYPES else c.float()).to(device)
     hit = _CONVERTED.get(id(c))
     if hit is not None and hit[0]() is c and hit[1] == c._version and hit[2] == device:
         return hit[3]
@@ -284,11 +286,13 @@ def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     if return_aux is not None:
         if getattr(return_aux, "max_scores", False):
             raise NotImplementedError("flex_attention: return_aux max_scores is not computed here (lse is)")
-        if getattr(return_aux, "lse", False):
-            from torch.nn.attention.flex_attention import AuxOutput
-            out, lse = flex_attention(query, key, value, score_mod, block_mask, scale, enable_gqa, True,
-                                      kernel_options, mask_mod=mask_mod)
-            return out, AuxOutput(lse=lse)
+        if return_lse:
+            raise ValueError("flex_attention: pass return_lse or return_aux, not both")
+        from torch.nn.attention.flex_attention import AuxOutput
+        wants = bool(getattr(return_aux, "lse", False))
+        result = flex_attention(query, key, value, score_mod, block_mask, scale, enable_gqa, wants, kernel_options,
+                                mask_mod=mask_mod)
+        return (result[0], AuxOutput(lse=result[1])) if wants else (result, AuxOutput())
     if block_mask is not None:
         if mask_mod is not None:
             raise ValueError("pass either block_mask or mask_mod, not both")
@@ -332,7 +336,8 @@ def _mask_of(block_mask, query, key):
     if lengths != (query.shape[-2], key.shape[-2]):
         raise ValueError(f"block_mask was created for query and key lengths {lengths}, but the query has "
                          f"{query.shape[-2]} and the key {key.shape[-2]}: create the block mask for these lengths")
-    if getattr(block_mask.mask_mod, "__name__", "") == "noop_mask" and not bool(_every_block(block_mask)):
+    if getattr(block_mask.mask_mod, "__name__", "") == "noop_mask" and not torch.compiler.is_compiling() \
+            and not bool(_every_block(block_mask)):   # (a warning read from the tables: eager calls alone)
         _warn_once("block_tables", "flex_attention: this BlockMask has no mask_mod (made from block tables, as "
                    "from_kv_blocks makes it): the kernels derive their blocks from a mask_mod, so every key is kept, "
                    "as torch's eager flex_attention keeps them; pass the mask as a mask_mod to skip blocks")

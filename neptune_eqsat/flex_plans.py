@@ -41,6 +41,8 @@ def captures_of(plan: str) -> list[torch.Tensor]:
 
 _CALLABLES: dict[str, tuple] = {}   # plan -> (score_mod, mask_mod, scale, enable_gqa)
 _PLAN_IDS = itertools.count()
+_BY_CALLABLES: dict[tuple, list[str]] = {}   # (ids of the callables) -> their plans, oldest first
+PLANS_PER_CALLABLES = 16
 _TRACED: OrderedDict = OrderedDict()   # (callables' ids, problem) -> (weak refs to the callables, plan)
 
 
@@ -68,6 +70,11 @@ def _forget(plan: str) -> None:
             del table[k]
     for k in [k for k, (_, name) in _TRACED.items() if name == plan]:
         del _TRACED[k]
+    for k, names in list(_BY_CALLABLES.items()):
+        if plan in names:
+            names.remove(plan)
+        if not names:
+            del _BY_CALLABLES[k]
 
 
 # a stand-in problem for finding what the callables capture (the captures do not depend on the shapes)
@@ -98,6 +105,12 @@ def make_plan(score_mod, mask_mod, scale, enable_gqa, lse=False) -> str:
             except TypeError:   # no weak references: the plan stays
                 pass
     _TRACED[memo] = ((_ref(score_mod), _ref(mask_mod)), name)
+    # the plans of one pair of live callables whose reads changed (a captured length rebound every decode
+    # step, lens = lens + 1): the latest PLANS_PER_CALLABLES kept, each older one dropped with its tensors
+    history = _BY_CALLABLES.setdefault(memo[:2], [])
+    history.append(name)
+    if len(history) > PLANS_PER_CALLABLES:
+        _forget(history.pop(0))
     if len(_TRACED) > 256:
         _TRACED.popitem(last=False)
     return name

@@ -111,3 +111,82 @@ def test_a_gradient_after_the_callable_is_gone():
     out.square().sum().backward()
     assert all(x.grad is not None and torch.isfinite(x.grad).all() for x in (q, k, v, bias))
     assert math.isfinite(bias.grad.sum().item())
+
+
+def test_state_read_through_methods_helpers_module_lists_and_class_attributes():
+    """What a callable reads through a method of an object, a helper taking the object, a ModuleList entry or
+    a class attribute is read again at every call (before, the first call's value stayed)."""
+    q, k, v = inputs(1, 2, 40, 40, dtype=torch.float32)
+
+    class Cache:
+        def __init__(self):
+            self.pos = 8
+
+        def mask(self, b, h, qi, ki):
+            return (ki <= qi) & (qi - ki < self.pos)
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pos = 8
+
+    class State:
+        pos = 8
+
+    def within(c, qi, ki):
+        return (ki <= qi) & (qi - ki < c.pos)
+
+    cache, layers, state = Cache(), torch.nn.ModuleList([Layer(), Layer()]), State()
+    cases = [
+        (lambda b, h, qi, ki: cache.mask(b, h, qi, ki), lambda: setattr(cache, "pos", 30)),
+        (lambda b, h, qi, ki: within(cache, qi, ki), lambda: setattr(cache, "pos", 3)),
+        (lambda b, h, qi, ki: (ki <= qi) & (qi - ki < layers[1].pos), lambda: setattr(layers[1], "pos", 30)),
+        (lambda b, h, qi, ki: (ki <= qi) & (qi - ki < state.pos), lambda: setattr(State, "pos", 30)),
+    ]
+    for mask_mod, change in cases:
+        assert error(q, k, v, None, mask_mod) < 1e-5
+        change()
+        assert error(q, k, v, None, mask_mod) < 1e-5
+
+
+def test_inference_tensors_captured_and_a_constant_index_under_inference_mode():
+    """Tensors made under inference_mode have no version counter (before: a RuntimeError), and a capture read at
+    a constant index traces under inference_mode too (before: aten.detach_ had no translation)."""
+    q, k, v = inputs(1, 2, 1, 64, dtype=torch.float32)
+    with torch.inference_mode():
+        lens = torch.tensor([20, 33])
+        cache_len = torch.tensor([20])
+    assert error(q, k, v, None, lambda b, h, qi, ki: ki < lens[b]) < 1e-5
+    with torch.inference_mode():
+        out = flex_attention(q, k, v, mask_mod=lambda b, h, qi, ki: ki < cache_len[0])
+    want = torch.softmax((q[..., :1, :].double() @ k[..., :20, :].double().transpose(-1, -2)) / 4, -1) \
+        @ v[..., :20, :].double()
+    assert (out.double() - want).abs().max().item() < 1e-5
+
+
+def test_return_aux_without_lse_and_with_return_lse():
+    from torch.nn.attention.flex_attention import AuxRequest
+    q, k, v = inputs(2, 2, 8, 8, dtype=torch.float32)
+    out, aux = flex_attention(q, k, v, return_aux=AuxRequest(lse=False))
+    assert out.shape == (2, 2, 8, 16) and aux.lse is None
+    with pytest.raises(ValueError, match="not both"):
+        flex_attention(q, k, v, return_lse=True, return_aux=AuxRequest(lse=True))
+
+
+def test_a_length_rebound_every_step_keeps_a_bounded_number_of_plans():
+    """lens = lens + 1 at every decode step makes a new plan (the mask reads a new tensor); a live callable keeps
+    its latest PLANS_PER_CALLABLES plans, the older ones dropped with their tensors."""
+    import gc
+    import weakref
+    q, k, v = inputs(1, 1, 1, 48, dtype=torch.float32)
+    holder = {"lens": torch.tensor([4])}
+
+    def mask_mod(b, h, qi, ki):
+        return ki < holder["lens"][0]
+    refs = []
+    for step in range(flex_plans.PLANS_PER_CALLABLES + 6):
+        holder["lens"] = holder["lens"] + 1
+        refs.append(weakref.ref(holder["lens"]))
+        flex_attention(q, k, v, mask_mod=mask_mod)
+    gc.collect()
+    assert sum(r() is not None for r in refs) <= flex_plans.PLANS_PER_CALLABLES

@@ -157,7 +157,7 @@ def test_listed_masks_of_positions_get_a_gluon_kernel_that_walks_their_lists(tmp
             "for blk in range(0, blocks0_full):")
         full = full.split("# the last block")[0]
         assert "valid_j = offs_j <" in partial and "valid_j" not in full   # full blocks: no bound test
-        masked = re.compile(r"gl\.where\(t\d+, (t\d+|qk), float\('-inf'\)\)")   # a masked score
+        masked = re.compile(r"selp\.f32 \$0, \$\d, 0fFF800000")   # a masked score (a predicated select)
         assert masked.search(partial) and not masked.search(full)
         assert f"blocks0_partial_share <= {gluon.GLUON_PARTIAL_SHARE}" in source
         paths.append(tmp_path / f"{name}.py")

@@ -161,7 +161,7 @@ ATEN = {
     "scalar_tensor": lambda v, **kwargs: _literal(v), "full": _full,
     "new_full": lambda this, size, fill_value=None, **kwargs: _literal(fill_value), "full_like": _full,
     "new_ones": _fill(1), "ones_like": _fill(1), "new_zeros": _fill(0), "zeros_like": _fill(0),
-    "lift_fresh_copy": _same, "clone": _same, "alias": _same, "detach": _same, "view": _same, "reshape": _same,
+    "lift_fresh_copy": _same, "clone": _same, "alias": _same, "detach": _same, "detach_": _same, "view": _same, "reshape": _same,
     "_unsafe_view": _same, "expand": _same, "squeeze": _same, "unsqueeze": _same, "permute": _same,
     "contiguous": _same, "expand_as": _same, "view_as": _same,
     "getitem": lambda seq, k: seq[k],   # of an operator's tuple of results

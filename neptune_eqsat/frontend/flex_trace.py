@@ -14,6 +14,7 @@ import hashlib
 import inspect
 import math
 import types
+import weakref
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -166,6 +167,9 @@ _VALUES = (int, float, bool, complex, str, bytes, type(None), np.generic)   # nu
 
 
 _OPAQUE = (type, torch.dtype, torch.device)
+CONTAINER_LIMIT = 256   # elements of a list, a dict or a module list read (their values or identities)
+_MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential, torch.nn.ParameterList,
+                      torch.nn.ParameterDict)
 
 
 def reads(fn) -> tuple:
@@ -173,9 +177,26 @@ def reads(fn) -> tuple:
     by value, tensors by identity, found in its closure, the globals and attributes it names, its defaults, and
     the same of the functions it reaches through them (helpers, and_masks' list of masks). The trace bakes
     numbers into the kernel and binds tensors as inputs, so a call whose reads differ is traced again."""
-    out: list = []
-    _reads_of(fn, out, set(), frozenset(), 0)
+    # the attribute names the code reaching an object uses, over every function and method it reaches (a
+    # method or a helper taking the object reads cache.pos where the callable names only cache and mask): grown
+    # until the walk finds no new one, kept per callable so that a call walks once
+    known = _NAMES.get(id(fn))
+    names = set(known[1]) if known is not None and known[0]() is fn else set()
+    for _ in range(4):
+        size, out = len(names), []
+        _reads_of(fn, out, set(), names, 0)
+        if len(names) == size:
+            break
+    try:
+        _NAMES[id(fn)] = (weakref.ref(fn), frozenset(names))
+    except TypeError:   # (a callable without weak references: walked afresh each call)
+        pass
+    if len(_NAMES) > 4096:
+        _NAMES.clear()
     return tuple(out)
+
+
+_NAMES: dict[int, tuple] = {}   # id of a callable -> (weak ref, the attribute names its code reaches)
 
 
 def _code_names(code) -> frozenset:
@@ -186,7 +207,7 @@ def _code_names(code) -> frozenset:
     return frozenset(names)
 
 
-def _reads_of(v, out: list, seen: set, names: frozenset, depth: int) -> None:
+def _reads_of(v, out: list, seen: set, names: set, depth: int) -> None:
     if isinstance(v, _VALUES):
         out.append(repr(v))
         return
@@ -199,13 +220,15 @@ def _reads_of(v, out: list, seen: set, names: frozenset, depth: int) -> None:
     if isinstance(v, functools.partial):
         parts = [v.func, *v.args, *v.keywords.values()]
     elif isinstance(v, (list, tuple, set, frozenset)):
-        parts = list(v)[:64]
+        parts = list(v)[:CONTAINER_LIMIT]
     elif isinstance(v, dict):
-        parts = list(v.values())[:64]
+        parts = list(v.values())[:CONTAINER_LIMIT]
+    elif isinstance(v, torch.nn.Module) and isinstance(v, _MODULE_CONTAINERS):   # layers[1], blocks["a"]
+        parts = list(v._modules.values())[:CONTAINER_LIMIT] + list(v._parameters.values())[:CONTAINER_LIMIT]
     elif hasattr(v, "__func__") and hasattr(v, "__self__"):   # a bound method
         parts = [v.__func__, v.__self__]
     elif hasattr(v, "__code__") and hasattr(v, "__globals__"):   # a Python function
-        names = _code_names(v.__code__)
+        names |= _code_names(v.__code__)
         cells = [c.cell_contents for c in v.__closure__ or () if _filled(c)]
         parts = cells + [v.__globals__[n] for n in sorted(names) if n in v.__globals__]
         parts += list(v.__defaults__ or ()) + list((v.__kwdefaults__ or {}).values())
@@ -218,8 +241,11 @@ def _reads_of(v, out: list, seen: set, names: frozenset, depth: int) -> None:
         # __call__ (or an nn.Module's forward) reads through self when it is the callable itself
         methods = [m for m in (getattr(type(v), "__call__", None), getattr(type(v), "forward", None))
                    if m is not None and hasattr(m, "__code__")]
-        names = frozenset(names).union(*(_code_names(m.__code__) for m in methods))
-        parts = [x for x in (_attribute(v, n) for n in sorted(names)) if x is not _ABSENT] + methods[:1]
+        methods += [m for m in (inspect.getattr_static(type(v), n, None) for n in sorted(names))   # cache.mask
+                    if isinstance(m, types.FunctionType)]
+        for m in methods:
+            names |= _code_names(m.__code__)
+        parts = [x for x in (_attribute(v, n) for n in sorted(names)) if x is not _ABSENT] + methods
     for p in parts:
         _reads_of(p, out, seen, names, depth + 1)
 
@@ -237,7 +263,9 @@ def _attribute(v, name: str):
     for store in ("_parameters", "_buffers", "_modules"):
         if isinstance(own.get(store), dict) and name in own[store]:
             return own[store][name]
-    static = inspect.getattr_static(type(v), name, None)
+    static = inspect.getattr_static(type(v), name, _ABSENT)
+    if static is not _ABSENT and not callable(static) and not hasattr(static, "__get__"):   # a class attribute
+        return static
     if isinstance(static, (property, functools.cached_property, types.MemberDescriptorType)):
         try:
             return getattr(v, name)

@@ -246,7 +246,10 @@ def schedule(spec: Spec, term: Term) -> Schedule:
     in_tile = {t.attrs[1] for t in reds if t.attrs[1] != loop and not (accumulated and t.attrs[1] in row_axes)}
     inner = tuple(sorted(in_tile | _further_axes(spec, loop, accumulated)))
     col = None
-    whole = [a for a in out_axes if a in shadowed and a != loop]   # reduced over in a tile: held whole, as columns
+    # an output axis reduced over a long reduction's values (sum(c, sum(s, x)) beside an output along c) reads
+    # that reduction renamed, which needs the whole axis in one program: held whole, as the tile's columns
+    renamed = {t.attrs[0] for t in ir.walk(term) if t.op == "rename"}
+    whole = [a for a in out_axes if a in renamed and a != loop]
     if len(out_axes) > 1 and whole:
         col = whole[-1]
         out_axes.remove(col)
@@ -261,7 +264,7 @@ def schedule(spec: Spec, term: Term) -> Schedule:
     if row is None and rest:
         row = rest[-1]
     grid = tuple(a for a in rest if a != row)
-    divided = sorted(shadowed & ({row} | set(grid)))
+    divided = sorted(renamed & ({row} | set(grid)))
     if divided:   # a reduction over an output axis needs the whole axis in one tile: the columns, not rows or grid
         raise SpecError(f"spec {spec.name}: the output runs along {', '.join(divided)} and reduces over "
                         f"{'them' if len(divided) > 1 else 'it'}, but one kernel holds one such axis whole in a tile "

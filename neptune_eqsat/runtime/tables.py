@@ -59,7 +59,9 @@ def _derived_table(build, consts, *tensors):
         _BUILDS.clear()
     key = (build, *consts, *((t.shape, t.stride(), t.dtype, t.data_ptr() % 16, device) for t in tensors))
     seen = _SEEN.get(key)
-    if seen is not None and all(ref() is t and t._version == version for (ref, version), t in zip(seen[0], tensors)):
+    inference = any(t.is_inference() for t in tensors)   # no version counter: built again at every call
+    if seen is not None and not inference and all(ref() is t and t._version == version
+                                                  for (ref, version), t in zip(seen[0], tensors)):
         return seen[1]   # the same tensors, not written to since (torch counts every in-place write)
     replay = _BUILDS.get(key)
     if replay is not None:
@@ -71,7 +73,8 @@ def _derived_table(build, consts, *tensors):
             return table
         if rec is not None and rec.launches:   # (an empty grid launches nothing: its table is built in torch)
             _BUILDS[key] = rec.replay(device, table)
-    _SEEN[key] = ([(weakref.ref(t), t._version) for t in tensors], table)
+    if not inference:
+        _SEEN[key] = ([(weakref.ref(t), t._version) for t in tensors], table)
     return table
 
 
