@@ -16,6 +16,7 @@ key and value shards passed round the ring). docs/distributed.md has the details
 """
 from __future__ import annotations
 
+import weakref
 from types import ModuleType
 
 import torch
@@ -23,7 +24,7 @@ import torch.distributed as dist
 
 from neptune_eqsat import flex, flex_plans
 from neptune_eqsat.compiled import compiled_module, run_kernels
-from neptune_eqsat.frontend.flex_trace import trace
+from neptune_eqsat.frontend.flex_trace import reads, trace
 
 
 def _identity(value: str) -> float:
@@ -70,18 +71,22 @@ class _Shifted:
     the shards' length, the positions of each query row and key (any layout, such as zig-zag shards)."""
 
     def __init__(self, score_mod, mask_mod, device: torch.device, length: int | None = None):
-        if length is None:
-            self.q_offset = torch.zeros(1, dtype=torch.int32, device=device)
-            self.kv_offset = torch.zeros(1, dtype=torch.int32, device=device)
+        if length is None:   # (never inference tensors: a later call outside inference_mode fills them)
+            with torch.inference_mode(False):
+                self.q_offset = torch.zeros(1, dtype=torch.int32, device=device)
+                self.kv_offset = torch.zeros(1, dtype=torch.int32, device=device)
             qo, ko = self.q_offset, self.kv_offset
             q_at, k_at = (lambda q: q + qo[0]), (lambda k: k + ko[0])
         else:
-            self.q_positions = torch.zeros(length, dtype=torch.int32, device=device)
-            self.kv_positions = torch.zeros(length, dtype=torch.int32, device=device)
+            with torch.inference_mode(False):
+                self.q_positions = torch.zeros(length, dtype=torch.int32, device=device)
+                self.kv_positions = torch.zeros(length, dtype=torch.int32, device=device)
             qp, kp = self.q_positions, self.kv_positions
             q_at, k_at = (lambda q: qp[q]), (lambda k: kp[k])
-        self.score = None if score_mod is None else (lambda s, b, h, q, k: score_mod(s, b, h, q_at(q), k_at(k)))
-        self.mask = None if mask_mod is None else (lambda b, h, q, k: mask_mod(b, h, q_at(q), k_at(k)))
+        # (the user's callables held weakly: a mask made for every batch goes with its tensors)
+        score, mask = flex_plans._ref(score_mod), flex_plans._ref(mask_mod)
+        self.score = None if score_mod is None else (lambda s, b, h, q, k: score()(s, b, h, q_at(q), k_at(k)))
+        self.mask = None if mask_mod is None else (lambda b, h, q, k: mask()(b, h, q_at(q), k_at(k)))
 
 
 _SHIFTED: dict[tuple, tuple] = {}   # (callables, device, shard length) -> (weak refs to them, _Shifted)
@@ -95,11 +100,21 @@ def _split_plan(query, key, value, score_mod, mask_mod, scale, enable_gqa, lengt
     if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
         raise NotImplementedError("attention across ranks has no backward pass yet: call it under torch.no_grad() "
                                   "or with tensors that do not require grad")
-    memo = (id(score_mod), id(mask_mod), key.device, length)
+    # (what the callables read is part of the key, as for one GPU: a changed number or tensor traces again)
+    memo = (id(score_mod), id(mask_mod), key.device, length, reads(score_mod), reads(mask_mod))
     hit = _SHIFTED.get(memo)
     if hit is None or hit[0][0]() is not score_mod or hit[0][1]() is not mask_mod:
+        if len(_SHIFTED) > 64:   # (callables made per batch: their entries go, not their callables' tensors)
+            _SHIFTED.clear()
+            _TRACED.clear()
         hit = _SHIFTED[memo] = ((flex_plans._ref(score_mod), flex_plans._ref(mask_mod)),
                                 _Shifted(score_mod, mask_mod, key.device, length))
+        for fn in (score_mod, mask_mod):
+            if fn is not None:
+                try:
+                    weakref.finalize(fn, _forget, memo)
+                except TypeError:
+                    pass
     shifted = hit[1]
     problem = flex._problem(query, key, value, None if scale is None else float(scale), bool(enable_gqa))
     traced = _TRACED.get(memo + (problem,))
@@ -109,7 +124,17 @@ def _split_plan(query, key, value, score_mod, mask_mod, scale, enable_gqa, lengt
                                  plan="split")
         traced = _TRACED[memo + (problem,)] = (shifted, captures, flex._Compiled(module, spec))
     _, captures, compiled = traced
+    if torch.is_grad_enabled() and any(c.requires_grad for c in captures):
+        raise NotImplementedError("attention across ranks has no backward pass yet: a captured tensor requires grad "
+                                  "(a learnable table); call it under torch.no_grad()")
     return shifted, captures, compiled
+
+
+def _forget(memo: tuple) -> None:
+    """Drop the entries of callables that were collected (a mask made for every batch, with its tensors)."""
+    _SHIFTED.pop(memo, None)
+    for k in [k for k in _TRACED if k[:len(memo)] == memo]:
+        del _TRACED[k]
 
 
 def _inputs(captures: list[torch.Tensor], device) -> list[torch.Tensor]:
@@ -136,9 +161,38 @@ def _global_rank(group, rank: int) -> int:
 
 def _lengths(n: int, device, group) -> list[int]:
     """Every rank's n, in rank order (one gather, one read on the host)."""
-    got = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(got, torch.tensor([n], device=device), group=group)
-    return torch.cat(got).tolist()
+    return [row[0] for row in _gathered([n], device, group)]
+
+
+def _gathered(values: list[int], device, group) -> list[list[int]]:
+    got = [torch.zeros(len(values), dtype=torch.int64, device=device) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(got, torch.tensor(values, dtype=torch.int64, device=device), group=group)
+    return torch.stack(got).tolist()
+
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _agreed(tensors: dict[str, torch.Tensor], sharded: int, group, flag: int = 0) -> list[list[int]]:
+    """Every rank's shapes and dtypes of `tensors` (one gather), checked to agree but for the sequence dimension
+    (`sharded`): a rank whose shard differs otherwise gets a ValueError naming it on every rank, where the
+    exchange would read its bytes as another shape or dtype. Returns each rank's sequence lengths."""
+    mine = [flag] + [_DTYPES.index(t.dtype) if t.dtype in _DTYPES else -1 for t in tensors.values()]
+    for t in tensors.values():
+        mine += [t.dim()] + [n for d, n in enumerate(t.shape) if d != sharded] + [0] * (6 - t.dim())
+    mine += [t.shape[sharded] for t in tensors.values()]
+    rows = _gathered(mine, next(iter(tensors.values())).device, group)
+    k = len(tensors)
+    for r, row in enumerate(rows):
+        if row[:-k] != rows[0][:-k]:
+            def show(x):
+                dtypes = [_DTYPES[i] if i >= 0 else "?" for i in x[1:1 + k]]
+                return f"dtypes {dtypes}" + (", positions given" if x[0] else "")
+            raise ValueError(f"rank {r} passes {', '.join(tensors)} of other shapes or dtypes than rank 0 (all but "
+                             f"dimension {sharded}, the sequence, must agree; and positions on every rank or none): "
+                             f"rank 0 {show(rows[0])}, shapes {[tuple(t.shape) for t in tensors.values()]} here; "
+                             f"rank {r} {show(row)}")
+    return [row[-k:] for row in rows]
 
 
 def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, score_mod=None,
@@ -149,7 +203,11 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
     in length, or be empty). score_mod and mask_mod see global key positions. Each rank computes its partial
     results with the split plan's kernel, the partials are gathered, and every rank gets the whole output.
     No gradient yet."""
-    lengths = _lengths(key.shape[2], key.device, group)
+    rows = _agreed({"query": query, "key": key, "value": value}, 2, group)
+    if len({row[0] for row in rows}) != 1:
+        raise ValueError("context_parallel_attention: every rank passes the same query; its rows differ: "
+                         f"{[row[0] for row in rows]}")
+    lengths = [row[1] for row in rows]
     shifted, captures, compiled = _split_plan(query, key, value, score_mod, mask_mod, scale, enable_gqa)
     shifted.q_offset.fill_(0)
     shifted.kv_offset.fill_(sum(lengths[:dist.get_rank(group)]))
@@ -174,8 +232,8 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     the same length): zig-zag shards, say (rank r holding chunks r and 2W - 1 - r of 2W), which even out a
     causal mask's work across ranks. No gradient yet."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    q_lengths = _lengths(query.shape[2], query.device, group)
-    kv_lengths = _lengths(key.shape[2], key.device, group)
+    lengths = _agreed({"query": query, "key": key, "value": value}, 2, group, int(positions is not None))
+    q_lengths, kv_lengths = [row[0] for row in lengths], [row[1] for row in lengths]
     if positions is not None:
         if len(set(q_lengths + kv_lengths)) != 1 or positions.shape != (query.shape[2],):
             raise ValueError("ring_attention with positions needs shards of one length on every rank and one "

@@ -173,6 +173,64 @@ def test_flex_attention_over_keys_sharded_across_ranks(tmp_path):
             assert (out.double() - want).abs().max().item() <= 2e-2, r
 
 
+USER_WORKER = r'''
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import torch, torch.distributed as dist
+from neptune_eqsat.distributed import context_parallel_attention, ring_attention
+
+rank, world, store, out_file = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:]
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+g = torch.Generator().manual_seed(3)
+q, k, v = (torch.randn(1, 2, n, 16, generator=g) for n in (2, 30, 30))
+lo, hi = (0, 12) if rank == 0 else (12, 30)
+OFFSET = 0
+
+def mask_mod(b, h, qi, ki):              # a decode step's newest position, a global the loop changes
+    return ki <= qi + OFFSET
+
+def ref(offset):
+    s = (q.double() @ k.double().transpose(-1, -2)) / 4.0
+    keep = torch.arange(30).view(1, 30) <= torch.arange(2).view(2, 1) + offset
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v.double()
+
+errors = {}
+for offset in (5, 20):                   # the same callable, a changed global: traced again
+    OFFSET = offset
+    with torch.no_grad():
+        out = context_parallel_attention(q, k[:, :, lo:hi], v[:, :, lo:hi], mask_mod=mask_mod)
+    errors[f"offset {offset}"] = (out.double() - ref(offset)).abs().max().item()
+with torch.inference_mode():             # offsets made here are filled again outside it
+    context_parallel_attention(q, k[:, :, lo:hi], v[:, :, lo:hi], mask_mod=lambda b, h, qi, ki: ki <= qi + 7)
+with torch.no_grad():
+    out = context_parallel_attention(q, k[:, :, lo:hi], v[:, :, lo:hi], mask_mod=lambda b, h, qi, ki: ki <= qi + 7)
+errors["after inference_mode"] = (out.double() - ref(7)).abs().max().item()
+refused = []
+try:                                     # one rank in bf16: named on every rank, not read as fp32 bytes
+    x = (q, k[:, :, lo:hi], v[:, :, lo:hi])
+    ring_attention(*(t.bfloat16() if rank == 1 else t for t in x))
+except ValueError as e:
+    refused.append("dtypes" in str(e))
+bias = torch.nn.Parameter(torch.zeros(30))
+try:                                     # a learnable table: no backward across ranks yet
+    context_parallel_attention(q, k[:, :, lo:hi], v[:, :, lo:hi], score_mod=lambda s, b, h, qi, ki: s + bias[ki])
+except NotImplementedError:
+    refused.append(True)
+torch.save({"errors": errors, "refused": refused}, f"{out_file}.{rank}")
+dist.destroy_process_group()
+'''
+
+
+@across_processes
+def test_what_users_do_across_ranks(tmp_path):
+    """A global the mask reads changed between calls (traced again, as on one GPU), a call under inference_mode
+    then one outside it, a rank passing another dtype (a ValueError on every rank, where the exchange read its
+    bytes as the wrong dtype) and a captured parameter that requires grad (refused: no backward yet)."""
+    for out in spawn(USER_WORKER, 2, tmp_path, []):
+        assert all(e < 1e-5 for e in out["errors"].values()), out["errors"]
+        assert out["refused"] == [True, True]
+
+
 @pytest.mark.parametrize("spec_name, sizes, axis_of, cuts", [
     ("gqa_dc", {"B": 1, "Q": 1, "SKV": 70}, {"k": 2, "v": 2}, [0, 33, 33, 70]),
     ("max_normalized_sum", {"R": 5, "N": 90}, {"x": 1}, [0, 40, 90]),
