@@ -283,6 +283,9 @@ def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     if torch.is_autocast_enabled(query.device.type):   # as torch's flex_attention: in the autocast dtype
         low = torch.get_autocast_dtype(query.device.type)
         query, key, value = (x.to(low) if x.is_floating_point() else x for x in (query, key, value))
+    if query.dim() == key.dim() == value.dim() == 4 and query.shape[0] > 1 and key.shape[0] == value.shape[0] == 1:
+        # one key/value batch for every query batch (a shared prefix cache): broadcast, as torch's does
+        key, value = (x.expand(query.shape[0], *x.shape[1:]) for x in (key, value))
     if return_aux is not None:
         if getattr(return_aux, "max_scores", False):
             raise NotImplementedError("flex_attention: return_aux max_scores is not computed here (lse is)")

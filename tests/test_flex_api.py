@@ -434,3 +434,28 @@ def test_calls_from_several_threads_on_the_cpu():
     for x in threads:
         x.join()
     assert not errors
+
+
+def test_one_key_value_batch_for_every_query_batch():
+    """q of batch 2 with k and v of batch 1 (a shared prefix cache): broadcast over the batch as torch does,
+    gradients summed over it."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention as torch_flex
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(2, 2, 20, 16, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 20, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    ours = [x.float().requires_grad_() for x in (q, k, v)]
+    ref = [x.clone().requires_grad_() for x in (q, k, v)]
+    causal = lambda b, h, qi, ki: qi >= ki   # noqa: E731
+    out = flex_attention(*ours, mask_mod=causal)
+    with torch.no_grad():
+        torch_out = torch_flex(q, k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1),
+                               block_mask=create_block_mask(causal, 2, 2, 20, 20, device="cpu"))
+    keep = torch.ones(20, 20, dtype=torch.bool).tril()
+    s = (ref[0] @ ref[1].transpose(-1, -2) / 4.0).masked_fill(~keep, float("-inf"))
+    want = torch.softmax(s, -1) @ ref[2]   # (batch 1 of k, v broadcast by the product)
+    assert (out.double() - torch_out).abs().max().item() < 1e-5
+    assert (out.double() - want).abs().max().item() < 1e-5
+    (out.double() * want.detach()).sum().backward()
+    (want * want.detach()).sum().backward()
+    for a, b in zip(ours, ref):
+        assert (a.grad.double() - b.grad).abs().max().item() < 1e-4
