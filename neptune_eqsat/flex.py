@@ -20,7 +20,7 @@ from neptune_eqsat.compiled import cache_dir, compiled_module, run_kernels
 from neptune_eqsat.frontend import bounds
 from neptune_eqsat.frontend.flex_trace import CAPTURE_DTYPES, DTYPES, Problem, TraceError, index_text, trace
 from neptune_eqsat.frontend.spec import Spec
-from neptune_eqsat.flex_plans import BOUND_TO_PLANS, callables_of, captures_of, make_plan, plan_key
+from neptune_eqsat.flex_plans import BOUND_TO_PLANS, callables_of, captures_of, check_reads, make_plan, plan_key
 
 DECODE_ROWS = 16   # query lengths up to this are priced as decode (split-K), longer ones as prefill
 
@@ -35,7 +35,13 @@ _plan = make_plan   # (the name tests and tools use)
 def run_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, captures: list[torch.Tensor],
              plan: str) -> torch.Tensor:
     """Run a plan on real tensors: the problem (heads, head dims, decode or prefill) is read from them here,
-    at run time, so a traced model may change any of them."""
+    at run time, so a traced model may change any of them. As the operator (a compiled graph's node), the
+    callables' reads are checked against the plan's first."""
+    check_reads(plan)
+    return _run_plan(query, key, value, captures, plan)
+
+
+def _run_plan(query, key, value, captures, plan):
     compiled = _module_for(plan, query, key, value)
     if captures:
         captures = [_as_kernel_input(c, query.device) for c in captures]
@@ -131,6 +137,7 @@ def run_train_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
                    plan: str) -> list[torch.Tensor]:
     """run_plan for a training step: the output, then the values its backward reads (a row max, a row sum),
     written by the same forward kernel (training.forward_outputs)."""
+    check_reads(plan)
     from neptune_eqsat.training import forward_outputs   # the compiler's side: only for gradients
     compiled = _module_for(plan, query, key, value)
     inputs = _named_inputs(query, key, value, captures)
@@ -323,7 +330,7 @@ def _run(query, key, value, plan):
         return _EagerTraining.apply(query, key, value, plan, *captures)
     if torch.compiler.is_compiling() or _needs_grad(query, key, value, captures):
         return attention_op(query, key, value, captures, plan)   # one opaque node; differentiable
-    return run_plan(query, key, value, captures, plan)   # eager: skip the operator's dispatch cost
+    return _run_plan(query, key, value, captures, plan)   # eager: skip the operator's dispatch cost
 
 
 def _needs_grad(query, key, value, captures) -> bool:

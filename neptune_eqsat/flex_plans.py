@@ -41,6 +41,7 @@ def captures_of(plan: str) -> list[torch.Tensor]:
 
 _CALLABLES: dict[str, tuple] = {}   # plan -> (score_mod, mask_mod, scale, enable_gqa)
 _PLAN_IDS = itertools.count()
+_READS: dict[str, tuple] = {}   # plan -> what its callables read when it was made
 _BY_CALLABLES: dict[tuple, list[str]] = {}   # (ids of the callables) -> their plans, oldest first
 PLANS_PER_CALLABLES = 16
 _TRACED: OrderedDict = OrderedDict()   # (callables' ids, problem) -> (weak refs to the callables, plan)
@@ -59,10 +60,23 @@ def callables_of(plan: str) -> tuple:
     return (score_mod(), mask_mod(), *rest)
 
 
+def check_reads(plan: str) -> None:
+    """Raise where the plan's callables now read other values than when it was made: a torch.compile'd graph
+    holds its plan as a constant, and dynamo guards on neither the closures nor the globals the callables read
+    (a mask made per batch with the same code, a global window changed): the graph would run the old values."""
+    score_mod, mask_mod = callables_of(plan)[:2]
+    if (reads(score_mod), reads(mask_mod)) != _READS.get(plan):
+        raise RuntimeError("flex_attention in a compiled graph: its score_mod or mask_mod now reads other values "
+                           "(a closure, a global or an attribute changed) than when the graph was compiled, which "
+                           "would run the old ones; call it eagerly, or keep such values in tensors the callables "
+                           "index and write them in place")
+
+
 def _forget(plan: str) -> None:
     """Drop a plan whose callable was collected, with its captured tensors and the modules bound to it (the
     kernels stay cached by what they compute)."""
     _CALLABLES.pop(plan, None)
+    _READS.pop(plan, None)
     if hasattr(_CAPTURED, plan):
         delattr(_CAPTURED, plan)
     for table in BOUND_TO_PLANS:
@@ -105,6 +119,7 @@ def make_plan(score_mod, mask_mod, scale, enable_gqa, lse=False) -> str:
             except TypeError:   # no weak references: the plan stays
                 pass
     _TRACED[memo] = ((_ref(score_mod), _ref(mask_mod)), name)
+    _READS[name] = memo[5:]
     # the plans of one pair of live callables whose reads changed (a captured length rebound every decode
     # step, lens = lens + 1): the latest PLANS_PER_CALLABLES kept, each older one dropped with its tensors
     history = _BY_CALLABLES.setdefault(memo[:2], [])

@@ -190,3 +190,26 @@ def test_a_length_rebound_every_step_keeps_a_bounded_number_of_plans():
         flex_attention(q, k, v, mask_mod=mask_mod)
     gc.collect()
     assert sum(r() is not None for r in refs) <= flex_plans.PLANS_PER_CALLABLES
+
+
+WINDOW = 8
+
+
+def test_a_compiled_graph_refuses_callables_that_read_other_values_since():
+    """A compiled graph holds its plan as a constant, and dynamo guards on none of what the callables read
+    through globals or closures: a changed global would run the old window. The graph's operator checks the
+    reads and refuses (before: silently the old window)."""
+    global WINDOW
+    q, k, v = inputs(1, 2, 40, 40, dtype=torch.float32)
+
+    def window(b, h, qi, ki):
+        return (ki <= qi) & (qi - ki < WINDOW)
+    attn = torch.compile(lambda q, k, v: flex_attention(q, k, v, mask_mod=window), backend="eager")
+    try:
+        first = attn(q, k, v)
+        assert torch.allclose(first, flex_attention(q, k, v, mask_mod=window))
+        WINDOW = 20
+        with pytest.raises(RuntimeError, match="compiled graph"):
+            attn(q, k, v)
+    finally:
+        WINDOW = 8
