@@ -1,4 +1,4 @@
-OUT=${OUT:-out}; mkdir -p $OUT
+OUT=${OUT:-out}; mkdir -p $OUT ${WHEELS:-wheels}
 export PYTHONPATH=. NEPTUNE_EQSAT_COMPILE_AHEAD=0
 G=bench/generated
 python3 bench/experiments/2026-11-28-prefill-boundary/ablations.py time --ops ${OPS:-gqa_pf,causal_pf,global_pf,window_pf} \

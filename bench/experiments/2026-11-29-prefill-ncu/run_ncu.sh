@@ -1,7 +1,7 @@
-OUT=${OUT:-out}; mkdir -p $OUT
+OUT=${OUT:-out}; mkdir -p $OUT ${WHEELS:-wheels}
 set -x
-cp .fa4/p1/* ${WHEELS:-/tmp/fa4}/ && cat ${WHEELS:-/tmp/fa4}/cu13.part.aa ${WHEELS:-/tmp/fa4}/cu13.part.ab ${WHEELS:-/tmp/fa4}/cu13.part.ac > ${WHEELS:-/tmp/fa4}/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl && rm ${WHEELS:-/tmp/fa4}/cu13.part.*
-python3 -m pip install -q --no-deps --no-index ${WHEELS:-/tmp/fa4}/*.whl 2>&1 | tail -2
+cp .fa4/p1/* ${WHEELS:-wheels}/ && cat ${WHEELS:-wheels}/cu13.part.aa ${WHEELS:-wheels}/cu13.part.ab ${WHEELS:-wheels}/cu13.part.ac > ${WHEELS:-wheels}/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl && rm ${WHEELS:-wheels}/cu13.part.*
+python3 -m pip install -q --no-deps --no-index ${WHEELS:-wheels}/*.whl 2>&1 | tail -2
 nvidia-smi --query-gpu=name,driver_version --format=csv > $OUT/gpu.txt
 export PYTHONPATH=.
 for sys in neptune fa4; do for op in global_pf gqa_pf; do
