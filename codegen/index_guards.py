@@ -217,15 +217,17 @@ def _guarded_loads(root: Term) -> dict[Term, set[tuple]]:
     branch) pairs, branch True where the load is read when the condition holds (ignore_index's where(t == -100,
     0, x[r, t[r]]) reads x only where t != -100)."""
     out: dict[Term, set[tuple]] = {}
+    seen: set[tuple] = set()   # (term, guards) walked: a value reused at every level is walked once a guard set
 
-    def go(t: Term, guards: tuple, depth: int) -> None:
-        if depth > 64 or len(out) > 256:
+    def go(t: Term, guards: tuple) -> None:
+        if (t, guards) in seen or len(seen) > 100_000 or len(out) > 256:
             return
+        seen.add((t, guards))
         if t.op == "load" and guards:
             out.setdefault(t, set()).add(guards)
         for k, a in enumerate(t.args):
-            go(a, guards + (((t.args[0], k == 1),) if t.op == "where" and k > 0 else ()), depth + 1)
-    go(root, (), 0)
+            go(a, guards + (((t.args[0], k == 1),) if t.op == "where" and k > 0 else ()))
+    go(root, ())
     return out
 
 
