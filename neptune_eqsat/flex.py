@@ -136,8 +136,12 @@ attention_op = torch.library.custom_op("neptune_eqsat::flex_attention", run_plan
 def run_train_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, captures: list[torch.Tensor],
                    plan: str) -> list[torch.Tensor]:
     """run_plan for a training step: the output, then the values its backward reads (a row max, a row sum),
-    written by the same forward kernel (training.forward_outputs)."""
+    written by the same forward kernel (training.forward_outputs). As the operator, the reads checked first."""
     check_reads(plan)
+    return _run_train_plan(query, key, value, captures, plan)
+
+
+def _run_train_plan(query, key, value, captures, plan):
     from neptune_eqsat.training import forward_outputs   # the compiler's side: only for gradients
     compiled = _module_for(plan, query, key, value)
     inputs = _named_inputs(query, key, value, captures)
@@ -231,7 +235,7 @@ class _EagerTraining(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, plan, *captures):
         captures = list(captures)
-        out, *saved = run_train_plan(query, key, value, captures, plan)
+        out, *saved = _run_train_plan(query, key, value, captures, plan)   # (its plan made just before)
         _setup_backward(ctx, (query, key, value, captures, plan), [out, *saved])
         return out
 
