@@ -137,3 +137,11 @@ def triton_interpret(on: bool):
             os.environ.pop("TRITON_INTERPRET", None)
         else:
             os.environ["TRITON_INTERPRET"] = saved
+
+
+def refuse_second_order(what: str) -> None:
+    """In a backward of generated gradient kernels: a RuntimeError where autograd records it for a second order
+    (create_graph=True), whose gradients would come back detached, a gradient penalty silently a constant."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(f"{what}: its backward is not differentiable again (a second-order gradient, "
+                           "create_graph=True): its gradients are computed by kernels autograd does not trace")

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import torch
 
-from neptune_eqsat.compiled import cache_dir, compiled_module, run_kernels
+from neptune_eqsat.compiled import cache_dir, compiled_module, refuse_second_order, run_kernels
 from neptune_eqsat.frontend import bounds
 from neptune_eqsat.frontend.flex_trace import CAPTURE_DTYPES, DTYPES, Problem, TraceError, index_text, trace
 from neptune_eqsat.frontend.spec import Spec
@@ -205,9 +205,7 @@ def _setup_backward(ctx, inputs, output) -> None:
 def _backward(ctx, grad, run=backward_op):
     """The gradients of a call's inputs, by `run` (the backward operator, or run_backward itself in eager mode):
     (query, key, value, [captures], None)."""
-    if torch.is_grad_enabled():   # create_graph: the gradient kernels are not differentiated again
-        raise RuntimeError("flex_attention's backward is not differentiable again (a second-order gradient, "
-                           "create_graph=True): its gradients are computed by kernels autograd does not trace")
+    refuse_second_order("flex_attention")
     if isinstance(grad, (list, tuple)):   # the training operator's: only its output carries a gradient
         grad = grad[0]
     kept = ctx.saved_tensors   # once: activation checkpointing lets each saved tensor be unpacked once

@@ -19,7 +19,7 @@ import torch
 
 from neptune_eqsat import ir
 from neptune_eqsat.ir import Term
-from neptune_eqsat.compiled import compiled_module, compiler_fingerprint, run_kernels
+from neptune_eqsat.compiled import compiled_module, compiler_fingerprint, refuse_second_order, run_kernels
 from neptune_eqsat.plan.autodiff import Backward, GradPart, differentiate
 from neptune_eqsat.frontend.reference import Evaluator, _align, bind_sizes
 from neptune_eqsat.runtime.scatter import scatter_add
@@ -187,9 +187,7 @@ class _SpecFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_outs):
-        if torch.is_grad_enabled():   # create_graph: the gradient kernels are not differentiated again
-            raise RuntimeError(f"spec {ctx.owner.spec.name}: its backward is not differentiable again (a "
-                               "second-order gradient, create_graph=True): its gradients are computed by kernels")
+        refuse_second_order(f"spec {ctx.owner.spec.name}")
         n, k = len(ctx.names), ctx.outputs
         kept = ctx.saved_tensors   # once: activation checkpointing lets each saved tensor be unpacked once
         xs, outs, extras = kept[:n], kept[n:n + k], kept[n + k:]

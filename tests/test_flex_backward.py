@@ -158,13 +158,18 @@ def test_gradients_under_torch_compile_match_eager():
 
     def loss(q, k, v):
         return flex_attention(q, k, v, mask_mod=causal).square().sum()
-    loss(q, k, v).backward()
-    eager = [t.grad.clone() for t in (q, k, v)]
-    for t in (q, k, v):
-        t.grad = None
-    torch.compile(loss, fullgraph=True)(q, k, v).backward()
-    for a, b in zip(eager, (q.grad, k.grad, v.grad)):
+    for a, b in zip(*_eager_and_compiled_gradients(loss, (q, k, v))):
         assert torch.equal(a, b)
+
+
+def _eager_and_compiled_gradients(loss, tensors) -> tuple[list, list]:
+    """The gradients of `loss` at `tensors` eagerly, then through torch.compile(fullgraph=True)."""
+    loss(*tensors).backward()
+    eager = [t.grad.clone() for t in tensors]
+    for t in tensors:
+        t.grad = None
+    torch.compile(loss, fullgraph=True)(*tensors).backward()
+    return eager, [t.grad for t in tensors]
 
 
 def test_gradients_under_torch_compile_with_captured_tensors_match_eager():
@@ -382,12 +387,7 @@ def test_gradients_under_torch_compile_with_inputs_in_model_layout():
 
     def loss(q, k, v):
         return flex_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask_mod=causal).square().sum()
-    loss(q, k, v).backward()
-    eager = [t.grad.clone() for t in (q, k, v)]
-    for t in (q, k, v):
-        t.grad = None
-    torch.compile(loss, fullgraph=True)(q, k, v).backward()
-    for a, b in zip(eager, (q.grad, k.grad, v.grad)):
+    for a, b in zip(*_eager_and_compiled_gradients(loss, (q, k, v))):
         assert torch.allclose(a, b, atol=1e-5)
 
 

@@ -12,19 +12,24 @@ def _work_cost(n, kids):   # (work,): one unit a node, summed over the children 
     return (1 + sum(k[0] for k in kids),)
 
 
-def test_an_equal_cost_form_that_reuses_a_computed_value_is_taken():
-    # root = pair(M, E): M = max(W) with W = where(p, s); E has two forms of equal tree cost, where(p, s*k)
-    # (as written, preferred) and W*k, which reads W again
-    leaf = lambda name: ENode(name, (), ())
-    classes = {
+def _masked_scores(reuse: str, extra: dict | None = None) -> Snapshot:
+    """root = pair(M, E): M = max(W) with W = where(p, s); E has two forms, where(p, s*k) (as written) and
+    `reuse`*k, which reads W (or what `extra` builds on it) again."""
+    leaf = lambda name: ENode(name, (), ())   # noqa: E731
+    return Snapshot("root", {
         "p": [leaf("p")], "s": [leaf("s")], "k": [leaf("k")],
         "sk": [ENode("mul", (), ("s", "k"))],
         "W": [ENode("where", (), ("p", "s"))],
+        **(extra or {}),
         "M": [ENode("max", (), ("W",))],
-        "E": [ENode("where", (), ("p", "sk")), ENode("mul", (), ("W", "k"))],
+        "E": [ENode("where", (), ("p", "sk")), ENode("mul", (), (reuse, "k"))],
         "root": [ENode("pair", (), ("M", "E"))],
-    }
-    snap = Snapshot("root", classes)
+    })
+
+
+def test_an_equal_cost_form_that_reuses_a_computed_value_is_taken():
+    snap = _masked_scores("W")   # both forms of E cost the same as trees
+    classes = snap.classes
     best, costs = best_nodes(snap, _work_cost, preferred={classes["E"][0], *[n for c, ns in classes.items()
                                                                              if c != "E" for n in ns]})
     assert best["E"] == classes["E"][0]   # the tree costs tie; the form as written wins the tie
@@ -34,19 +39,9 @@ def test_an_equal_cost_form_that_reuses_a_computed_value_is_taken():
 
 
 def test_a_form_of_higher_tree_cost_is_never_taken_for_sharing():
-    leaf = lambda name: ENode(name, (), ())
-    classes = {
-        "p": [leaf("p")], "s": [leaf("s")], "k": [leaf("k")],
-        "sk": [ENode("mul", (), ("s", "k"))],
-        "W": [ENode("where", (), ("p", "s"))],
-        "W2": [ENode("neg", (), ("W",))],
-        "M": [ENode("max", (), ("W",))],
-        "E": [ENode("where", (), ("p", "sk")), ENode("mul", (), ("W2", "k"))],   # the second costs one more
-        "root": [ENode("pair", (), ("M", "E"))],
-    }
-    snap = Snapshot("root", classes)
+    snap = _masked_scores("W2", {"W2": [ENode("neg", (), ("W",))]})   # the second form costs one more
     best, costs = best_nodes(snap, _work_cost)
-    assert share(snap, best, costs, _work_cost)["E"] == classes["E"][0]
+    assert share(snap, best, costs, _work_cost)["E"] == snap.classes["E"][0]
 
 
 def test_attention_under_a_mask_computes_its_masked_scores_once():

@@ -78,18 +78,22 @@ def _to(node, x, *args, **kwargs):
     target = _dtype(node)
     if target == torch.bool and source != torch.bool:   # a number's truth: nonzero (0.5 is True)
         return x != 0 if isinstance(x, (int, float)) else _scalar(x) != 0
-    if _is_float(source) and target is not None and not target.is_floating_point:
-        x = _unary("trunc", x)   # toward zero, as torch converts
-    if target in NARROW_INTEGERS and source != torch.bool and not isinstance(x, bool):   # wraps, as torch's
-        low, span = NARROW_INTEGERS[target]
-        return (_scalar(x) - low) % span + low
-    if source is not None and not source.is_floating_point and target in (torch.float16, torch.bfloat16):
-        # an integer rounded to 16 bits (to bf16 through fp32: Triton's interpreter converts int32 to bf16 wrongly)
-        return S.cast(x, "f16") if target == torch.float16 else S.cast(_scalar(x) * 1.0, "bf16")
-    if _is_float(source) and target is not None and not target.is_floating_point:
+    if target is None:
         return x
-    if _is_float(source) and target in (torch.float16, torch.bfloat16) and source.itemsize > target.itemsize:
-        return S.cast(x, "f16" if target == torch.float16 else "bf16")   # rounded, as torch rounds
+    if not target.is_floating_point:   # to an integer
+        if _is_float(source):
+            x = _unary("trunc", x)   # toward zero, as torch converts
+        if target in NARROW_INTEGERS and source != torch.bool and not isinstance(x, bool):   # wraps, as torch's
+            low, span = NARROW_INTEGERS[target]
+            return (_scalar(x) - low) % span + low
+        return x
+    if target in (torch.float16, torch.bfloat16):
+        if source is not None and not source.is_floating_point:
+            # an integer rounded to 16 bits (to bf16 through fp32: Triton's interpreter converts int32 to bf16
+            # wrongly)
+            return S.cast(x, "f16") if target == torch.float16 else S.cast(_scalar(x) * 1.0, "bf16")
+        if _is_float(source) and source.itemsize > target.itemsize:
+            return S.cast(x, "f16" if target == torch.float16 else "bf16")   # rounded, as torch rounds
     return x
 
 

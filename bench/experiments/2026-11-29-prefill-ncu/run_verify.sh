@@ -1,11 +1,6 @@
-OUT=${OUT:-out}; mkdir -p $OUT ${WHEELS:-wheels}
+source bench/experiments/2026-11-29-prefill-ncu/setup.sh
 # the ten operators after the change: checked against float64 (odd lengths and multiples of the blocks), then
 # timed against the modules before, in turns
-cp .fa4/p1/* ${WHEELS:-wheels}/ && cat ${WHEELS:-wheels}/cu13.part.aa ${WHEELS:-wheels}/cu13.part.ab ${WHEELS:-wheels}/cu13.part.ac > ${WHEELS:-wheels}/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl && rm ${WHEELS:-wheels}/cu13.part.*
-python3 -m pip install -q --no-deps --no-index ${WHEELS:-wheels}/*.whl 2>&1 | tail -2
-nvidia-smi --query-gpu=name,driver_version --format=csv > $OUT/gpu.txt
-export PYTHONPATH=. NEPTUNE_EQSAT_COMPILE_AHEAD=0
-G=bench/generated
 python3 -m bench.tools.check_kernels --specs specs --modules $G/after_pf --shapes "B=2,S=333;B=1,S=1024;B=1,S=4096" 2>&1 | grep -v Warn > $OUT/check_prefill.txt
 python3 -m bench.tools.check_kernels --specs specs --modules $G/after_dc --shapes "B=2,SKV=333,Q=1;B=1,SKV=4096,Q=1" 2>&1 | grep -v Warn > $OUT/check_decode.txt
 tail -1 $OUT/check_prefill.txt $OUT/check_decode.txt; grep FAIL $OUT/check_*.txt | head
